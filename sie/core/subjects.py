@@ -1,0 +1,89 @@
+"""NATS subject and stream names (architecture §8, §8.2, §16.2) and wildcard matching.
+
+Work subjects are exactly six tokens, ``sie.work.{pool}.{machine_profile}.{bundle}.{model}``;
+every token goes through ``normalize_model_id`` so ids such as
+``vidore/colqwen2.5-v0.2`` stay one token.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "CONFIG_ALL_SUBJECT",
+    "HEALTH_WILDCARD",
+    "config_subject",
+    "health_subject",
+    "inbox_subject",
+    "inbox_wildcard",
+    "lane_filter",
+    "normalize_model_id",
+    "stream_name",
+    "stream_subjects",
+    "subject_matches",
+    "work_subject",
+]
+
+_UNSAFE = re.compile(r"[*>\s]")
+CONFIG_ALL_SUBJECT = "sie.config.models._all"
+HEALTH_WILDCARD = "sie.health.>"
+
+
+def normalize_model_id(model_id: str) -> str:
+    """``/`` → ``__``, ``.`` → ``_dot_``, ``*``, ``>`` and whitespace → ``_`` (§8.2)."""
+    return _UNSAFE.sub("_", model_id.replace("/", "__").replace(".", "_dot_"))
+
+
+def work_subject(pool: str, machine_profile: str, bundle: str, model_id: str) -> str:
+    """``sie.work.{pool}.{machine_profile}.{bundle}.{model}`` with every token normalised."""
+    toks = (pool, machine_profile, bundle, model_id)
+    return "sie.work." + ".".join(normalize_model_id(t) for t in toks)
+
+
+def lane_filter(pool: str, machine_profile: str, bundle: str) -> str:
+    """A worker's consumer filter: ``sie.work.{pool}.{machine_profile}.{bundle}.*``."""
+    return "sie.work." + ".".join(normalize_model_id(t) for t in (pool, machine_profile, bundle)) + ".*"
+
+
+def stream_name(pool: str) -> str:
+    """``WORK_POOL_{pool}``."""
+    return f"WORK_POOL_{normalize_model_id(pool)}"
+
+
+def stream_subjects(pool: str) -> list[str]:
+    """``["sie.work.{pool}.*.*.*"]``."""
+    return [f"sie.work.{normalize_model_id(pool)}.*.*.*"]
+
+
+def inbox_subject(router_id: str, request_id: str) -> str:
+    """``_INBOX.{router_id}.{request_id}``."""
+    return f"_INBOX.{normalize_model_id(router_id)}.{normalize_model_id(request_id)}"
+
+
+def inbox_wildcard(router_id: str) -> str:
+    """``_INBOX.{router_id}.>``: the gateway's one app-wide result subscription."""
+    return f"_INBOX.{normalize_model_id(router_id)}.>"
+
+
+def health_subject(worker_id: str) -> str:
+    """``sie.health.{worker_id}``."""
+    return f"sie.health.{normalize_model_id(worker_id)}"
+
+
+def config_subject(bundle_id: str) -> str:
+    """``sie.config.models.{bundle}``."""
+    return f"sie.config.models.{bundle_id}"
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard match: ``*`` is one token, a trailing ``>`` one or more tokens."""
+    p = pattern.split(".")
+    s = subject.split(".")
+    for i, tok in enumerate(p):
+        if tok == ">":
+            return len(s) > i
+        if i >= len(s):
+            return False
+        if tok != "*" and tok != s[i]:
+            return False
+    return len(p) == len(s)

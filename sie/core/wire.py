@@ -1,0 +1,234 @@
+"""Wire codec: msgpack for everything on the hot path (architecture §8.4).
+
+This is the only module that imports ``ormsgpack``. Encoding uses ormsgpack;
+numpy arrays are written in msgpack-numpy's extension-free map form with
+**bin-type keys** (reference §1.2)::
+
+    {b"nd": True, b"type": "<f4", b"kind": b"", b"shape": [n, d], b"data": <raw LE C-order bytes>}
+
+so a client using ``msgpack`` + ``msgpack_numpy`` decodes our payloads. Decoding
+uses ``msgpack`` (ormsgpack cannot read bin map keys) with a hook that turns
+either bin- or str-keyed ``nd`` maps back into read-only numpy arrays.
+
+Message types: ``WorkItem`` (gateway → worker, JetStream), ``WorkResult``
+(worker → gateway inbox, NATS Core), ``Heartbeat`` (worker → ``sie.health.*``).
+Fields follow architecture §16.2 and reference §2.10.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, TypeVar
+
+import msgpack
+import numpy as np
+import ormsgpack
+
+from sie.core.errors import WireError
+
+__all__ = [
+    "Heartbeat",
+    "ModelStatus",
+    "WorkItem",
+    "WorkResult",
+    "packb",
+    "to_jsonable",
+    "unpackb",
+]
+
+_PACK_OPTS = ormsgpack.OPT_NON_STR_KEYS
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        arr = np.ascontiguousarray(obj)
+        if arr.dtype.kind in "OV":
+            raise TypeError(f"cannot encode numpy dtype {arr.dtype}")
+        if not arr.dtype.isnative and arr.dtype.byteorder != "|":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        return {
+            b"nd": True,
+            b"type": arr.dtype.str,
+            b"kind": b"",
+            b"shape": list(arr.shape),
+            b"data": arr.tobytes(),
+        }
+    if isinstance(obj, np.generic):
+        return {b"nd": False, b"type": obj.dtype.str, b"kind": b"", b"data": obj.tobytes()}
+    raise TypeError(f"cannot encode {type(obj).__name__}")
+
+
+def packb(obj: Any) -> bytes:
+    """Encode ``obj`` as msgpack; numpy arrays/scalars become msgpack-numpy maps.
+
+    Raises:
+        WireError: an unencodable value.
+    """
+    try:
+        return ormsgpack.packb(obj, default=_default, option=_PACK_OPTS)
+    except (TypeError, ormsgpack.MsgpackEncodeError) as exc:
+        raise WireError(f"cannot encode payload: {exc}") from exc
+
+
+def _nd_hook(obj: dict[Any, Any]) -> Any:
+    nd = obj.get(b"nd", obj.get("nd")) if len(obj) in (4, 5) else None
+    if nd is None:
+        return obj
+    get = (lambda k: obj.get(k.encode(), obj.get(k))) if b"nd" in obj else obj.get
+    dtype = np.dtype(get("type"))
+    data = get("data")
+    if nd is True:
+        return np.frombuffer(data, dtype=dtype).reshape(get("shape"))
+    return np.frombuffer(data, dtype=dtype)[0]
+
+
+def unpackb(data: bytes) -> Any:
+    """Decode msgpack; msgpack-numpy maps (bin or str keys) become numpy arrays.
+
+    Raises:
+        WireError: malformed msgpack.
+    """
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False, object_hook=_nd_hook)
+    except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData) as exc:
+        raise WireError(f"malformed msgpack body: {exc}") from exc
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Expand numpy arrays/scalars to lists/numbers for JSON responses."""
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        return {k if isinstance(k, str) else k.decode(): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [to_jsonable(v) for v in obj]
+    return obj
+
+
+T = TypeVar("T", bound="_Message")
+_BASIC: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "bool": bool, "float": (int, float)}
+
+
+@dataclass(slots=True)
+class _Message:
+    """Base: dataclass ↔ msgpack map with named fields; None fields are omitted."""
+
+    def to_map(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def to_bytes(self) -> bytes:
+        return packb(self.to_map())
+
+    @classmethod
+    def from_map(cls: type[T], data: Any) -> T:
+        if not isinstance(data, dict):
+            raise WireError(f"{cls.__name__}: expected a map, got {type(data).__name__}")
+        names = {f.name for f in fields(cls)}
+        for f in fields(cls):
+            want = _BASIC.get(str(f.type))
+            if want is not None and f.name in data and not isinstance(data[f.name], want):
+                raise WireError(f"{cls.__name__}.{f.name}: expected {f.type}, got {type(data[f.name]).__name__}")
+        try:
+            return cls(**{k: v for k, v in data.items() if k in names})
+        except TypeError as exc:
+            raise WireError(f"{cls.__name__}: {exc}") from exc
+
+    @classmethod
+    def from_bytes(cls: type[T], data: bytes) -> T:
+        return cls.from_map(unpackb(data))
+
+
+@dataclass(slots=True)
+class WorkItem(_Message):
+    """One unit of work on ``sie.work.{pool}.{profile}.{bundle}.{model}`` (§16.2).
+
+    Encode fans out one work item per input item. ``item`` is the wire Item map
+    (reference §1.4: ``id``, ``text``, ...). ``timestamp`` is epoch seconds.
+    """
+
+    work_item_id: str
+    request_id: str
+    item_index: int
+    total_items: int
+    operation: str
+    model_id: str
+    profile_id: str
+    pool_name: str
+    router_id: str
+    reply_subject: str
+    timestamp: float = field(default_factory=time.time)
+    admission_pool: str | None = None
+    machine_profile: str | None = None
+    bundle_config_hash: str | None = None
+    item: dict[str, Any] | None = None
+    output_types: list[str] | None = None
+    instruction: str | None = None
+    is_query: bool | None = None
+    options: dict[str, Any] | None = None
+    accepts_result_chunks: bool | None = None
+    traceparent: str | None = None
+
+
+@dataclass(slots=True)
+class WorkResult(_Message):
+    """A worker's answer for one work item, published on the request's inbox.
+
+    ``result_msgpack`` holds the msgpack-encoded per-item result (encode:
+    ``{"dense": {"dims", "dtype", "values": ndarray}}``). Times are milliseconds.
+    ``input_tokens`` is the item's token count after truncation.
+    """
+
+    work_item_id: str
+    request_id: str
+    item_index: int
+    success: bool
+    result_msgpack: bytes | None = None
+    error: str | None = None
+    error_code: str | None = None
+    inference_ms: float | None = None
+    queue_ms: float | None = None
+    tokenization_ms: float | None = None
+    processing_ms: float | None = None
+    worker_id: str | None = None
+    input_tokens: int | None = None
+    bundle_config_hash: str | None = None
+
+    def result(self) -> dict[str, Any]:
+        """Decode ``result_msgpack``.
+
+        Raises:
+            WireError: missing or malformed result payload.
+        """
+        if self.result_msgpack is None:
+            raise WireError("WorkResult has no result_msgpack")
+        out = unpackb(self.result_msgpack)
+        if not isinstance(out, dict):
+            raise WireError("WorkResult.result_msgpack is not a map")
+        return out
+
+
+@dataclass(slots=True)
+class ModelStatus(_Message):
+    """One model's state on a worker: available|loading|loaded|failed (reference §1.9)."""
+
+    name: str
+    state: str
+    last_error: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class Heartbeat(_Message):
+    """Worker liveness on ``sie.health.{worker_id}`` (architecture §8, last one wins)."""
+
+    worker_id: str
+    pool: str
+    machine_profile: str
+    bundle: str
+    ready: bool
+    models: list[dict[str, Any]] = field(default_factory=list)
+    bundle_config_hash: str = ""
+    timestamp: float = field(default_factory=time.time)
+    interval_s: float = 1.0

@@ -1,0 +1,1 @@
+"""Model engines and the worker-side runtime (batching, loaded-model cache)."""

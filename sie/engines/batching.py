@@ -1,0 +1,177 @@
+"""Token-budget dynamic batching across requests (reference §4.6).
+
+Items from concurrent requests queue in one ``TokenBudgetBatcher`` per loaded
+model. A batch is formed when the queued cost reaches ``max_batch_tokens``, or
+``max_batch_requests`` items are queued, or ``max_wait_s`` has passed since the
+oldest queued item, or no new item arrived for ``coalesce_s``. Items are taken
+first-come-first-served (no starvation of long texts) and grouped by a config
+key (output types, instruction, is_query, options); one engine call runs per
+group on the model's single inference thread. While a batch runs, new items
+accumulate and are dispatched as soon as it ends (continuous batching).
+Cancelled submitters' items are dropped before they reach the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import anyio
+
+__all__ = ["BatchStats", "TokenBudgetBatcher"]
+
+P = TypeVar("P")
+R = TypeVar("R")
+
+
+@dataclass(slots=True)
+class _Pending(Generic[P, R]):
+    payload: P
+    cost: int
+    key: Hashable
+    enqueued_at: float
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: R | None = None
+    error: BaseException | None = None
+    cancelled: bool = False
+    started_at: float = 0.0
+    inference_s: float = 0.0
+
+
+@dataclass(slots=True)
+class BatchStats:
+    """Timings for one submitted item. All values in seconds."""
+
+    queue_s: float
+    inference_s: float
+    batch_size: int
+
+
+class TokenBudgetBatcher(Generic[P, R]):
+    """Coalesces submissions into batches for a synchronous ``run_batch``.
+
+    Args:
+        run_batch: ``(key, payloads) -> results`` (same length and order); runs on
+            a worker thread; may raise (every item of the group gets the error).
+        max_batch_tokens: cost budget per batch (sum of item costs; >= 1 item always).
+        max_batch_requests: item cap per batch.
+        max_wait_s: longest time the oldest item waits for company (seconds).
+        coalesce_s: dispatch early when no new item arrives for this long (seconds).
+        limiter: the model's inference thread (capacity 1 serialises engine calls).
+    """
+
+    def __init__(
+        self,
+        run_batch: Callable[[Hashable, Sequence[P]], Sequence[R]],
+        *,
+        max_batch_tokens: int,
+        max_batch_requests: int = 64,
+        max_wait_s: float = 0.010,
+        coalesce_s: float = 0.002,
+        limiter: anyio.CapacityLimiter | None = None,
+        on_batch: Callable[[int, int, float], Any] | None = None,
+    ) -> None:
+        self._run_batch = run_batch
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_requests = max_batch_requests
+        self.max_wait_s = max_wait_s
+        self.coalesce_s = coalesce_s
+        self._limiter = limiter or anyio.CapacityLimiter(1)
+        self._on_batch = on_batch
+        self._queue: deque[_Pending[P, R]] = deque()
+        self._arrived = anyio.Event()
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    async def submit(self, payload: P, cost: int, key: Hashable = None) -> tuple[R, BatchStats]:
+        """Queue one item and wait for its result.
+
+        Raises:
+            Whatever ``run_batch`` raised for this item's group.
+        """
+        item: _Pending[P, R] = _Pending(payload, max(1, cost), key, time.monotonic())
+        self._queue.append(item)
+        self._arrived.set()
+        try:
+            await item.done.wait()
+        except BaseException:
+            item.cancelled = True
+            raise
+        if item.error is not None:
+            raise item.error
+        stats = BatchStats(item.started_at - item.enqueued_at, item.inference_s, 0)
+        return item.result, stats  # type: ignore[return-value]
+
+    async def _wait_arrival(self, timeout_s: float) -> bool:
+        self._arrived = anyio.Event()
+        with anyio.move_on_after(timeout_s):
+            await self._arrived.wait()
+            return True
+        return False
+
+    def _take(self) -> list[_Pending[P, R]]:
+        batch: list[_Pending[P, R]] = []
+        cost = 0
+        while self._queue and len(batch) < self.max_batch_requests:
+            nxt = self._queue[0]
+            if nxt.cancelled:
+                self._queue.popleft()
+                continue
+            if batch and cost + nxt.cost > self.max_batch_tokens:
+                break
+            batch.append(self._queue.popleft())
+            cost += nxt.cost
+        return batch
+
+    def _full(self) -> bool:
+        return len(self._queue) >= self.max_batch_requests or sum(p.cost for p in self._queue) >= self.max_batch_tokens
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """The batching loop; run it in a task group until cancelled."""
+        task_status.started()
+        while True:
+            while not self._queue:
+                self._arrived = anyio.Event()
+                await self._arrived.wait()
+            deadline = self._queue[0].enqueued_at + self.max_wait_s
+            while not self._full():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not await self._wait_arrival(min(self.coalesce_s, remaining)):
+                    break
+            batch = self._take()
+            if batch:
+                await self._execute(batch)
+
+    async def _execute(self, batch: list[_Pending[P, R]]) -> None:
+        groups: dict[Hashable, list[_Pending[P, R]]] = {}
+        for p in batch:
+            groups.setdefault(p.key, []).append(p)
+        for key, items in groups.items():
+            # Sort by cost inside the group: similar lengths pad less. Results map back by object.
+            items.sort(key=lambda p: p.cost)
+            start = time.monotonic()
+            for p in items:
+                p.started_at = start
+            try:
+                results = await anyio.to_thread.run_sync(
+                    self._run_batch, key, [p.payload for p in items], limiter=self._limiter
+                )
+                if len(results) != len(items):
+                    raise RuntimeError(f"engine returned {len(results)} results for {len(items)} items")
+            except Exception as exc:
+                for p in items:
+                    p.error = exc
+                    p.done.set()
+                continue
+            elapsed = time.monotonic() - start
+            if self._on_batch is not None:
+                self._on_batch(len(items), sum(p.cost for p in items), elapsed)
+            for p, r in zip(items, results, strict=True):
+                p.result = r
+                p.inference_s = elapsed
+                p.done.set()

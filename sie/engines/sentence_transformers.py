@@ -1,0 +1,104 @@
+"""sentence-transformers engines (bundle module ``sie.engines.sentence_transformers``).
+
+``DenseEncoder``: ``SentenceTransformer`` → ``dense: float32 [n, dim]``.
+Profile options: loadtime ``trust_remote_code``; runtime ``normalize`` (bool,
+L2-normalise), ``query_template`` / ``doc_template`` (``{text}``, ``{instruction}``).
+torch and sentence-transformers are imported in ``load`` only (extra ``st``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from sie.core.config import ModelConfig, ResolvedProfile
+from sie.core.errors import InferenceError, ModelLoadFailed
+from sie.engines.weights import resolve_weights
+
+__all__ = ["DenseEncoder", "apply_template"]
+
+
+def apply_template(text: str, instruction: str | None, is_query: bool, options: Mapping[str, Any]) -> str:
+    """Reference §3.1 templates: ``query_template`` when ``is_query``, else
+    ``doc_template``; without a template a non-empty instruction is prefixed."""
+    template = options.get("query_template" if is_query else "doc_template")
+    if template:
+        return str(template).format(text=text, instruction=instruction or "")
+    return f"{instruction} {text}" if instruction else text
+
+
+class DenseEncoder:
+    """Dense text embeddings from a sentence-transformers model directory."""
+
+    outputs = ("dense",)
+
+    def __init__(self, config: ModelConfig, profile: ResolvedProfile, device: str = "cpu") -> None:
+        self.config = config
+        self.profile = profile
+        self.device = device
+        self._model: Any = None
+        self._tokenizer: Any = None
+
+    def load(self) -> None:
+        path = resolve_weights(self.config)
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:
+            raise ModelLoadFailed(
+                "sentence-transformers is not installed (pip install 'sie[st]')", error_class="DEPENDENCY", permanent=True
+            ) from exc
+        try:
+            model = SentenceTransformer(
+                str(path),
+                device=self.device,
+                trust_remote_code=bool(self.profile.loadtime.get("trust_remote_code", False)),
+                local_files_only=True,
+            )
+        except Exception as exc:  # library raises OSError/ValueError/RuntimeError variously
+            raise ModelLoadFailed(f"loading {self.config.sie_id!r} from {str(path)!r} failed: {exc}", error_class="UNKNOWN", permanent=True) from exc
+        if self.config.max_sequence_length:
+            model.max_seq_length = min(self.config.max_sequence_length, model.max_seq_length or 10**9)
+        model.eval()
+        self._model = model
+        self._tokenizer = model.tokenizer
+
+    def unload(self) -> None:
+        self._model = None
+        self._tokenizer = None
+
+    @property
+    def dim(self) -> int:
+        return int(self._model.get_sentence_embedding_dimension())
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        enc = self._tokenizer(
+            list(texts), truncation=True, max_length=self._model.max_seq_length, add_special_tokens=True
+        )["input_ids"]
+        return [max(1, len(ids)) for ids in enc]
+
+    def encode(
+        self,
+        texts: Sequence[str],
+        *,
+        output_types: Sequence[str],
+        instruction: str | None,
+        is_query: bool,
+        options: Mapping[str, Any],
+    ) -> dict[str, np.ndarray]:
+        if self._model is None:
+            raise InferenceError(f"model {self.config.sie_id!r} is not loaded")
+        prepared = [apply_template(t, instruction, is_query, options) for t in texts]
+        normalize = bool(options.get("normalize", False))
+        try:
+            vecs = self._model.encode(
+                prepared,
+                batch_size=max(1, len(prepared)),
+                convert_to_numpy=True,
+                normalize_embeddings=normalize,
+                show_progress_bar=False,
+            )
+        except Exception as exc:
+            raise InferenceError(f"encode failed: {exc}") from exc
+        return {"dense": np.ascontiguousarray(vecs, dtype=np.float32)}

@@ -1,0 +1,1 @@
+"""Starlette apps for the HTTP roles, and the hypercorn server runner."""

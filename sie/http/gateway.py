@@ -1,0 +1,240 @@
+"""The gateway's HTTP app (architecture §14): inference, models, health.
+
+Routes:
+    POST /v1/encode/{model:path}   SIE-native encode (JSON or msgpack in and out)
+    POST /v1/embeddings            OpenAI-compatible (sie.http.openai)
+    GET  /v1/models                {"object": "list", "data": [OpenAI model], "models": [ModelInfo]}
+    GET  /v1/models/{model:path}   ModelInfo (reference §1.9); 404 MODEL_NOT_FOUND
+    GET  /healthz                  liveness, text ``ok``
+    GET  /readyz                   ``ok`` while serving; 503 ``draining`` during shutdown (§4)
+    GET  /health                   workers and their loaded models (JSON)
+    GET  /metrics                  Prometheus text
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sie import __version__
+from sie.core.errors import InvalidInput, SieError
+from sie.core.registry import ModelEntry
+from sie.http.errors import http_exception_handler, sie_error_handler, unexpected_error_handler
+from sie.http.negotiation import read_payload, render, validate
+from sie.http.openai import embeddings
+from sie.http.schemas import EncodeRequest
+from sie.roles.gateway import Collected, GatewayRole
+from sie.telemetry import METRICS, Metrics
+
+__all__ = ["build_gateway_app", "model_info"]
+
+
+class VersionHeaders:
+    """Adds ``X-SIE-Version`` / ``X-SIE-Server-Version`` to every response (§16.2)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                v = __version__.encode()
+                message["headers"] = [*message.get("headers", []), (b"x-sie-version", v), (b"x-sie-server-version", v)]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _timing_headers(c: Collected) -> dict[str, str]:
+    t = c.timing()
+    return {
+        "X-SIE-Request-Id": c.request_id,
+        "X-SIE-Worker": ",".join(c.workers) or "unknown",
+        "X-Queue-Publish-Time": f"{t['publish_ms']:.1f}",
+        "X-Queue-Time": f"{t['queue_ms']:.1f}",
+        "X-Inference-Time": f"{t['inference_ms']:.1f}",
+        "X-Tokenization-Time": f"{t['tokenization_ms']:.1f}",
+        "X-Total-Time": f"{t['total_ms']:.1f}",
+    }
+
+
+async def encode(request: Request) -> Response:
+    """``POST /v1/encode/{model}`` (reference §1.5; architecture §2)."""
+    gateway: GatewayRole = request.app.state.gateway
+    metrics: Metrics = request.app.state.metrics
+    model = request.path_params["model"]
+    started = time.monotonic()
+    status = "error"
+    try:
+        payload = await read_payload(request, gateway.settings.max_body_bytes)
+        req: EncodeRequest = validate(EncodeRequest, payload)
+        entry, _ = gateway.registry.resolve(model)
+        params = req.params
+        output_types = list(params.output_types) if params and params.output_types else None
+        wanted = output_types or entry.profile.runtime.get("output_types") or ["dense"]
+        unsupported = [t for t in wanted if t not in entry.config.outputs]
+        if unsupported:
+            raise InvalidInput(
+                f"params.output_types: model {model!r} does not produce {unsupported}; it produces {entry.config.outputs}",
+                field="params.output_types",
+            )
+        for i, item in enumerate(req.items):
+            if item.text is None:
+                raise InvalidInput(f"items[{i}].text: required for model {model!r} (text input)", field=f"items[{i}].text")
+        options = dict(params.options or {}) if params else {}
+        is_query = params.is_query if params and params.is_query is not None else options.pop("is_query", None)
+        collected = await gateway.encode(
+            model,
+            [{"text": item.text} for item in req.items],
+            output_types=output_types,
+            instruction=params.instruction if params else None,
+            is_query=is_query,
+            options=options or None,
+            pool=request.headers.get("x-sie-pool"),
+            machine_profile=request.headers.get("x-sie-machine-profile"),
+        )
+        items_out: list[dict[str, Any]] = []
+        for item, result in zip(req.items, collected.results, strict=True):
+            out: dict[str, Any] = {"id": item.id} if item.id is not None else {}
+            out.update(gateway.decode_result(result))
+            items_out.append(out)
+        status = "200"
+        return render(request, {"model": model, "items": items_out}, headers=_timing_headers(collected))
+    except SieError as exc:
+        status = str(exc.status)
+        raise
+    finally:
+        metrics.requests.labels("encode", model, status).inc()
+        metrics.request_duration.labels("encode").observe(time.monotonic() - started)
+
+
+def model_info(entry: ModelEntry, gateway: GatewayRole) -> dict[str, Any]:
+    """ModelInfo (reference §1.9) plus the routing facts ``bundles`` and ``pool``."""
+    cfg = entry.config
+    state, last_error = gateway.model_state(entry.model_id)
+    is_variant = entry.model_id != cfg.sie_id
+    return {
+        "name": entry.model_id,
+        "inputs": [k for k, v in cfg.inputs.model_dump().items() if v],
+        "outputs": cfg.outputs,
+        "dims": cfg.dims,
+        "loaded": state == "loaded",
+        "state": state,
+        "last_error": last_error,
+        "max_sequence_length": cfg.max_sequence_length,
+        "profiles": {"default": {"is_default": True}}
+        if is_variant
+        else {p: {"is_default": p == "default"} for p in cfg.profiles},
+        "bundles": list(entry.bundles),
+        "pool": cfg.effective_pool,
+    }
+
+
+async def list_models(request: Request) -> Response:
+    gateway: GatewayRole = request.app.state.gateway
+    entries = sorted(gateway.registry.snapshot.entries.values(), key=lambda e: e.model_id)
+    created = int(gateway.started_at)
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [{"id": e.model_id, "object": "model", "created": created, "owned_by": "sie"} for e in entries],
+            "models": [model_info(e, gateway) for e in entries],
+        }
+    )
+
+
+async def get_model(request: Request) -> Response:
+    gateway: GatewayRole = request.app.state.gateway
+    entry, _ = gateway.registry.resolve(request.path_params["model"])
+    return JSONResponse(model_info(entry, gateway))
+
+
+async def healthz(request: Request) -> Response:
+    return PlainTextResponse("ok")
+
+
+async def readyz(request: Request) -> Response:
+    if request.app.state.draining:
+        return PlainTextResponse("draining", status_code=503)
+    return PlainTextResponse("ok")
+
+
+async def health(request: Request) -> Response:
+    gateway: GatewayRole = request.app.state.gateway
+    now = time.time()
+    workers = gateway.live_workers()
+    models: dict[str, dict[str, Any]] = {}
+    for hb in workers:
+        for m in hb.models:
+            agg = models.setdefault(m["name"], {"name": m["name"], "states": {}, "workers": []})
+            agg["workers"].append(hb.worker_id)
+            agg["states"][hb.worker_id] = m["state"]
+    return JSONResponse(
+        {
+            "status": "healthy" if any(w.ready for w in workers) else "degraded",
+            "type": "gateway",
+            "version": __version__,
+            "router_id": gateway.router_id,
+            "uptime_s": round(now - gateway.started_at, 3),
+            "cluster": {
+                "worker_count": len(workers),
+                "models_loaded": sum(1 for m in models.values() if "loaded" in m["states"].values()),
+            },
+            "workers": [
+                {
+                    "worker_id": hb.worker_id,
+                    "ready": hb.ready,
+                    "pool": hb.pool,
+                    "machine_profile": hb.machine_profile,
+                    "bundle": hb.bundle,
+                    "bundle_config_hash": hb.bundle_config_hash,
+                    "models": hb.models,
+                    "last_heartbeat_age_s": round(max(0.0, now - hb.timestamp), 3),
+                }
+                for hb in sorted(workers, key=lambda h: h.worker_id)
+            ],
+            "models": sorted(models.values(), key=lambda m: m["name"]),
+        }
+    )
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def build_gateway_app(gateway: GatewayRole, metrics: Metrics = METRICS) -> Starlette:
+    """The gateway Starlette app. ``app.state.draining`` flips ``/readyz`` to 503."""
+    app = Starlette(
+        routes=[
+            Route("/v1/encode/{model:path}", encode, methods=["POST"]),
+            Route("/v1/embeddings", embeddings, methods=["POST"]),
+            Route("/v1/models", list_models, methods=["GET"]),
+            Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics_endpoint, methods=["GET"]),
+        ],
+        exception_handlers={
+            SieError: sie_error_handler,
+            HTTPException: http_exception_handler,
+            Exception: unexpected_error_handler,
+        },
+    )
+    app.state.gateway = gateway
+    app.state.metrics = metrics
+    app.state.draining = False
+    app.add_middleware(VersionHeaders)
+    return app

@@ -1,0 +1,92 @@
+"""OpenAI-compatible ``POST /v1/embeddings`` over encode (architecture §2).
+
+``input`` is a string or a list of strings; token-id and nested-array inputs are
+rejected with 400. ``encoding_format`` ``float`` (default) or ``base64``
+(little-endian float32 bytes of the same numbers). ``dimensions`` truncates and
+re-normalises for models whose dense task is marked ``matryoshka``; for other
+models it must equal the native width. ``usage`` counts real tokens (after
+truncation), as reported by the workers. Errors use the OpenAI envelope.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from sie.core.errors import InvalidInput
+from sie.http.negotiation import read_payload, validate
+from sie.http.schemas import EmbeddingsRequest
+from sie.roles.gateway import GatewayRole
+
+__all__ = ["embeddings"]
+
+
+def _reject_token_inputs(payload: Any) -> None:
+    if not isinstance(payload, dict):
+        raise InvalidInput("body: expected a JSON object", field="body")
+    inp = payload.get("input")
+    if isinstance(inp, list):
+        if not inp:
+            raise InvalidInput("input: must not be empty", field="input")
+        if any(isinstance(x, int | list) and not isinstance(x, bool) for x in inp):
+            raise InvalidInput(
+                "input: token-id and nested-array inputs are not supported; send a string or a list of strings",
+                field="input",
+            )
+
+
+def _dense_width(req: EmbeddingsRequest, gateway: GatewayRole) -> tuple[int, bool]:
+    entry, _ = gateway.registry.resolve(req.model)
+    enc = entry.config.tasks.encode
+    if enc is None or enc.dense is None:
+        raise InvalidInput(f"model {req.model!r} does not produce dense embeddings", field="model")
+    return enc.dense.dim, enc.dense.matryoshka
+
+
+async def embeddings(request: Request) -> Response:
+    gateway: GatewayRole = request.app.state.gateway
+    payload = await read_payload(request, gateway.settings.max_body_bytes)
+    _reject_token_inputs(payload)
+    req: EmbeddingsRequest = validate(EmbeddingsRequest, payload)
+    texts = [req.input] if isinstance(req.input, str) else list(req.input)
+    for i, t in enumerate(texts):
+        if not t:
+            raise InvalidInput(f"input[{i}]: must not be an empty string", field="input")
+    native, matryoshka = _dense_width(req, gateway)
+    dims = req.dimensions
+    if dims is not None and dims != native:
+        if not matryoshka:
+            raise InvalidInput(
+                f"dimensions: model {req.model!r} has fixed width {native} and does not support other dimensions",
+                field="dimensions",
+            )
+        if dims > native:
+            raise InvalidInput(f"dimensions: must be at most {native} for model {req.model!r}", field="dimensions")
+    collected = await gateway.encode(req.model, [{"text": t} for t in texts], output_types=["dense"], is_query=False)
+    data = []
+    for i, result in enumerate(collected.results):
+        vec = np.asarray(gateway.decode_result(result)["dense"]["values"], dtype=np.float32)
+        if dims is not None and dims < native:
+            vec = vec[:dims]
+            norm = float(np.linalg.norm(vec))
+            vec = vec / norm if norm > 0 else vec
+        emb: Any
+        if req.encoding_format == "base64":
+            emb = base64.b64encode(vec.astype("<f4").tobytes()).decode("ascii")
+        else:
+            emb = vec.tolist()
+        data.append({"object": "embedding", "embedding": emb, "index": i})
+    tokens = sum(r.input_tokens or 0 for r in collected.results)
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": data,
+            "model": req.model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        },
+        headers={"X-SIE-Request-Id": collected.request_id},
+    )

@@ -1,0 +1,50 @@
+"""Request bodies of the gateway's HTTP API (reference §1.4, §1.5, §1.8).
+
+Unknown fields are ignored, as by the public server (reference §1.2); type
+errors and missing required fields are 400 INVALID_INPUT naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+__all__ = ["EmbeddingsRequest", "EncodeParams", "EncodeRequest", "Item"]
+
+OutputType = Literal["dense", "sparse", "multivector"]
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Item(_Lenient):
+    """A wire item. ``id`` is echoed back; ``metadata`` is accepted, not echoed."""
+
+    id: StrictStr | None = None
+    text: StrictStr | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class EncodeParams(_Lenient):
+    output_types: list[OutputType] | None = Field(default=None, min_length=1)
+    instruction: StrictStr | None = None
+    is_query: StrictBool | None = None
+    output_dtype: Literal["float32"] | None = None
+    options: dict[str, Any] | None = None
+
+
+class EncodeRequest(_Lenient):
+    items: list[Item] = Field(min_length=1)
+    params: EncodeParams | None = None
+
+
+class EmbeddingsRequest(_Lenient):
+    """OpenAI ``POST /v1/embeddings``. ``user`` is accepted and ignored."""
+
+    model: StrictStr
+    input: StrictStr | list[StrictStr]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: StrictInt | None = Field(default=None, gt=0)
+    user: StrictStr | None = None

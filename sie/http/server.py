@@ -1,0 +1,60 @@
+"""Serve an ASGI app with hypercorn on a socket we bind ourselves.
+
+Binding first lets callers learn the real port (``port=0`` in tests) before the
+first request, and ``task_status.started(port)`` signals that the listener is
+about to serve. Shutdown: set ``shutdown`` → hypercorn stops accepting and waits
+up to ``graceful_timeout_s`` seconds for in-flight requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import anyio
+import anyio.abc
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
+from starlette.types import ASGIApp
+
+__all__ = ["bind_socket", "serve_app"]
+
+log = logging.getLogger(__name__)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket (IPv4 or IPv6 by ``host``) with SO_REUSEADDR."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.set_inheritable(True)
+    return sock
+
+
+async def serve_app(
+    app: ASGIApp,
+    host: str,
+    port: int,
+    shutdown: anyio.Event,
+    *,
+    name: str = "http",
+    graceful_timeout_s: float = 25.0,
+    task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run until ``shutdown`` is set and in-flight requests drained; reports the port."""
+    sock = bind_socket(host, port)
+    bound = sock.getsockname()[1]
+    config = Config()
+    config.bind = [f"fd://{sock.fileno()}"]
+    config.graceful_timeout = graceful_timeout_s
+    config.accesslog = None
+    config.errorlog = logging.getLogger(f"sie.{name}")
+    config.keep_alive_timeout = 120
+    log.info("%s listening on http://%s:%d", name, host, bound)
+    task_status.started(bound)
+    try:
+        await serve(app, config, shutdown_trigger=shutdown.wait)  # type: ignore[arg-type]
+    finally:
+        sock.close()

@@ -1,0 +1,295 @@
+"""The gateway role: route requests to lanes, publish work items, collect results.
+
+Architecture §2 and §16.2: resolve model → bundle → pool → machine profile
+(``X-SIE-Pool`` / ``X-SIE-Machine-Profile`` override), publish one ``WorkItem`` per
+input item on ``sie.work.{pool}.{machine_profile}.{bundle}.{model}``, and collect
+``WorkResult``s on the one app-wide inbox subscription ``_INBOX.{router_id}.>``,
+keyed by request id. Worker heartbeats on ``sie.health.>`` feed ``/health`` and
+model states. The role knows nothing of HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from sie.core.errors import (
+    Backpressure,
+    GatewayTimeout,
+    InferenceError,
+    InvalidInput,
+    SieError,
+    WireError,
+    error_for_code,
+)
+from sie.core.registry import ModelEntry, ModelRegistry
+from sie.core.subjects import HEALTH_WILDCARD, inbox_subject, inbox_wildcard, work_subject
+from sie.core.wire import Heartbeat, WorkItem, WorkResult
+from sie.settings import ServeSettings
+from sie.transport.base import Bus, NoStreamError, StreamFullError, work_stream_config
+
+__all__ = ["Collected", "GatewayRole", "uuid7"]
+
+log = logging.getLogger(__name__)
+
+#: Worker codes that mean "retry later" when every item carries the same one (§2).
+RETRYABLE_CODES = frozenset({"RESOURCE_EXHAUSTED", "MODEL_LOADING", "LORA_LOADING"})
+
+
+def uuid7() -> str:
+    """A time-ordered UUIDv7 string (RFC 9562), the gateway's request id format."""
+    ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | ((rand >> 62) & 0xFFF) << 64 | 0b10 << 62 | (rand & ((1 << 62) - 1))
+    return str(uuid.UUID(int=value))
+
+
+@dataclass(slots=True)
+class _Collector:
+    total: int
+    results: list[WorkResult | None]
+    remaining: int
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+
+@dataclass(slots=True)
+class Collected:
+    """All results of one request, in input order, plus routing facts for headers.
+
+    Times are milliseconds.
+    """
+
+    request_id: str
+    entry: ModelEntry
+    results: list[WorkResult]
+    publish_ms: float
+    total_ms: float
+
+    def timing(self) -> dict[str, float]:
+        def mx(attr: str) -> float:
+            return max((getattr(r, attr) or 0.0) for r in self.results) if self.results else 0.0
+
+        return {
+            "publish_ms": self.publish_ms,
+            "queue_ms": mx("queue_ms"),
+            "inference_ms": mx("inference_ms"),
+            "tokenization_ms": mx("tokenization_ms"),
+            "total_ms": self.total_ms,
+        }
+
+    @property
+    def workers(self) -> list[str]:
+        return sorted({r.worker_id for r in self.results if r.worker_id})
+
+
+@dataclass(slots=True)
+class WorkerView:
+    heartbeat: Heartbeat
+    seen_at: float
+
+
+class GatewayRole:
+    """Routing, dispatch and result collection. Start ``run`` in a task group."""
+
+    def __init__(self, bus: Bus, registry: ModelRegistry, settings: ServeSettings) -> None:
+        self.bus = bus
+        self.registry = registry
+        self.settings = settings
+        self.router_id = settings.router_id
+        self._pending: dict[str, _Collector] = {}
+        self._streams: set[str] = set()
+        self.workers: dict[str, WorkerView] = {}
+        self.started_at = time.time()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        inbox = await self.bus.subscribe(inbox_wildcard(self.router_id))
+        health = await self.bus.subscribe(HEALTH_WILDCARD)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._read_health, health)
+                task_status.started()
+                await self._read_inbox(inbox)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await inbox.unsubscribe()
+                await health.unsubscribe()
+
+    async def _read_inbox(self, sub: Any) -> None:
+        async for msg in sub:
+            try:
+                result = WorkResult.from_bytes(msg.data)
+            except SieError as exc:
+                log.warning("dropping undecodable result on %s: %s", msg.subject, exc.message)
+                continue
+            col = self._pending.get(result.request_id)
+            if col is None or not 0 <= result.item_index < col.total:
+                continue  # finished, abandoned or stale: drop (architecture §16.2 step 4)
+            if col.results[result.item_index] is None:
+                col.results[result.item_index] = result
+                col.remaining -= 1
+                if col.remaining == 0:
+                    col.done.set()
+
+    async def _read_health(self, sub: Any) -> None:
+        async for msg in sub:
+            try:
+                hb = Heartbeat.from_bytes(msg.data)
+            except SieError:
+                continue
+            self.workers[hb.worker_id] = WorkerView(hb, time.monotonic())
+
+    def live_workers(self) -> list[Heartbeat]:
+        """Workers heard from within three heartbeat intervals."""
+        now = time.monotonic()
+        return [
+            w.heartbeat for w in self.workers.values() if now - w.seen_at <= 3 * max(w.heartbeat.interval_s, 0.1)
+        ]
+
+    def model_state(self, model_id: str) -> tuple[str, dict[str, Any] | None]:
+        """Aggregate state over live workers: loading > loaded > failed > available."""
+        states: list[str] = []
+        last_error = None
+        for hb in self.live_workers():
+            for m in hb.models:
+                if m.get("name") == model_id:
+                    states.append(m.get("state", "available"))
+                    last_error = m.get("last_error") or last_error
+        for s in ("loading", "loaded", "failed"):
+            if s in states:
+                return s, last_error
+        return "available", last_error
+
+    async def _ensure_stream(self, pool: str) -> None:
+        if pool not in self._streams:
+            s = self.settings
+            await self.bus.add_stream(work_stream_config(pool, max_msgs=s.stream_max_msgs, max_age_s=s.stream_max_age_s))
+            self._streams.add(pool)
+
+    async def encode(
+        self,
+        model_id: str,
+        items: Sequence[Mapping[str, Any]],
+        *,
+        output_types: list[str] | None = None,
+        instruction: str | None = None,
+        is_query: bool | None = None,
+        options: Mapping[str, Any] | None = None,
+        pool: str | None = None,
+        machine_profile: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Collected:
+        """Fan ``items`` out as encode work items and wait for every result.
+
+        Returns:
+            ``Collected`` with one successful ``WorkResult`` per item, in input order.
+
+        Raises:
+            ModelNotFound: unknown model (404).
+            InvalidInput: too many items (400).
+            Backpressure: the pool's stream is full (503, Retry-After 5).
+            GatewayTimeout: not every result arrived within ``timeout_s`` (504).
+            SieError: the workers' error, when every item failed with one code
+                (e.g. 503 MODEL_LOADING, 502 MODEL_LOAD_FAILED); otherwise
+                InferenceError listing each failed item.
+        """
+        t0 = time.monotonic()
+        if len(items) > self.settings.max_items_per_request:
+            raise InvalidInput(
+                f"items: at most {self.settings.max_items_per_request} items per request, got {len(items)}",
+                field="items",
+            )
+        entry, bundle = self.registry.resolve(model_id)
+        pool = (pool or entry.config.effective_pool).lower()
+        profile = (machine_profile or self.settings.machine_profile).lower()
+        subject = work_subject(pool, profile, bundle, model_id)
+        request_id = uuid7()
+        reply = inbox_subject(self.router_id, request_id)
+        col = _Collector(len(items), [None] * len(items), len(items))
+        self._pending[request_id] = col
+        try:
+            await self._ensure_stream(pool)
+            now = time.time()
+            for i, item in enumerate(items):
+                wi = WorkItem(
+                    work_item_id=f"{request_id}.{i}",
+                    request_id=request_id,
+                    item_index=i,
+                    total_items=len(items),
+                    operation="encode",
+                    model_id=model_id,
+                    profile_id=entry.profile.name,
+                    pool_name=pool,
+                    admission_pool=pool,
+                    machine_profile=profile,
+                    router_id=self.router_id,
+                    reply_subject=reply,
+                    timestamp=now,
+                    item=dict(item),
+                    output_types=output_types,
+                    instruction=instruction,
+                    is_query=is_query,
+                    options=dict(options) if options else None,
+                )
+                await self._publish(subject, wi)
+            publish_ms = (time.monotonic() - t0) * 1000.0
+            try:
+                with anyio.fail_after(timeout_s or self.settings.request_timeout_s):
+                    await col.done.wait()
+            except TimeoutError:
+                got = sum(r is not None for r in col.results)
+                raise GatewayTimeout(
+                    f"no worker result within {timeout_s or self.settings.request_timeout_s:g}s "
+                    f"({got}/{len(items)} items arrived)",
+                    request_id=request_id,
+                ) from None
+        finally:
+            self._pending.pop(request_id, None)
+        results = [r for r in col.results if r is not None]
+        self._raise_failures(results)
+        return Collected(request_id, entry, results, publish_ms, (time.monotonic() - t0) * 1000.0)
+
+    async def _publish(self, subject: str, wi: WorkItem) -> None:
+        data = wi.to_bytes()
+        try:
+            await self.bus.js_publish(subject, data, msg_id=wi.work_item_id)
+        except StreamFullError as exc:
+            raise Backpressure(f"work queue for pool {wi.pool_name!r} is full; retry later") from exc
+        except NoStreamError:
+            self._streams.discard(wi.pool_name)  # stream deleted under us: recreate once
+            await self._ensure_stream(wi.pool_name)
+            await self.bus.js_publish(subject, data, msg_id=wi.work_item_id)
+
+    @staticmethod
+    def _raise_failures(results: list[WorkResult]) -> None:
+        failed = [r for r in results if not r.success]
+        if not failed:
+            return
+        codes = {r.error_code for r in failed}
+        if len(failed) == len(results) and len(codes) == 1:
+            raise error_for_code(failed[0].error_code, failed[0].error or "worker error")
+        raise InferenceError(
+            f"{len(failed)} of {len(results)} items failed",
+            details=[{"item_index": r.item_index, "code": r.error_code, "error": r.error} for r in failed],
+        )
+
+    @staticmethod
+    def decode_result(result: WorkResult) -> dict[str, Any]:
+        """A successful item's result map (``{"dense": {"dims", "dtype", "values"}}``).
+
+        Raises:
+            WireError: the worker sent an undecodable payload.
+        """
+        try:
+            return result.result()
+        except WireError:
+            raise
+        except Exception as exc:
+            raise WireError(f"undecodable worker result: {exc}") from exc

@@ -1,0 +1,252 @@
+"""The worker role: pull work items from its lane, batch them, publish results.
+
+Lane: ``sie.work.{pool}.{machine_profile}.{bundle}.*`` on stream
+``WORK_POOL_{pool}`` (architecture §8.2), durable consumer
+``{bundle}_{machine_profile}``. For each work item (§16.2 step 3): decode, resolve
+the model in the local registry, load it on first use, submit the text to the
+model's token-budget batcher, publish the ``WorkResult`` on the item's
+``reply_subject``, and only then ack. A failing item yields an error result with
+a code (the worker never dies of bad input); a result that cannot be published
+is NAKed for redelivery, so acknowledged work is never lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+import anyio
+import anyio.abc
+import numpy as np
+
+from sie.core.errors import InvalidInput, ModelNotFound, SieError
+from sie.core.hashing import bundle_config_hash
+from sie.core.registry import ModelEntry, ModelRegistry
+from sie.core.subjects import health_subject, lane_filter, stream_name
+from sie.core.wire import Heartbeat, WorkItem, WorkResult, packb
+from sie.engines.base import EncodeEngine
+from sie.engines.cache import ModelCache
+from sie.settings import ServeSettings
+from sie.telemetry import METRICS, Metrics
+from sie.transport.base import Bus, BusError, ConsumerConfig, JsMsg, work_stream_config
+
+__all__ = ["WorkerRole", "encode_batch_fn"]
+
+log = logging.getLogger(__name__)
+
+
+def encode_batch_fn(engine: EncodeEngine) -> Any:
+    """The batcher's ``run_batch`` for encode: one engine call per config group."""
+
+    def run(key: Hashable, texts: Sequence[str]) -> list[dict[str, np.ndarray]]:
+        output_types, instruction, is_query, options = key  # type: ignore[misc]
+        out = engine.encode(
+            texts, output_types=output_types, instruction=instruction, is_query=is_query, options=dict(options)
+        )
+        return [{k: v[i] for k, v in out.items()} for i in range(len(texts))]
+
+    return run
+
+
+def _freeze(options: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    def f(v: Any) -> Any:
+        if isinstance(v, dict):
+            return tuple(sorted((k, f(x)) for k, x in v.items()))
+        if isinstance(v, list):
+            return tuple(f(x) for x in v)
+        return v
+
+    return tuple(sorted((k, f(v)) for k, v in options.items()))
+
+
+class WorkerRole:
+    """Consumes one lane and serves every model of its bundle."""
+
+    def __init__(self, bus: Bus, registry: ModelRegistry, settings: ServeSettings, metrics: Metrics = METRICS) -> None:
+        self.bus = bus
+        self.registry = registry
+        self.settings = settings
+        self.metrics = metrics
+        self.worker_id = settings.worker_id
+        self._status_changed = anyio.Event()
+        bundle = registry.snapshot.bundles.get(settings.bundle)
+        self.models = ModelCache(
+            allowed_modules=bundle.adapters if bundle else (),
+            run_batch=encode_batch_fn,
+            device=settings.device,
+            max_batch_requests=settings.max_batch_requests,
+            max_batch_wait_s=settings.max_batch_wait_ms / 1000.0,
+            on_batch=self._on_batch,
+            on_change=lambda: self._status_changed.set(),
+        )
+        self._inflight = anyio.Semaphore(settings.max_inflight_items)
+        self.ready = False
+
+    def _on_batch(self, model: str, n: int, tokens: int, _s: float) -> None:
+        self.metrics.batch_size.labels(model).observe(n)
+        self.metrics.tokens.labels(model).inc(tokens)
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Ensure the stream and consumer, preload, then serve until cancelled."""
+        s = self.settings
+        if s.bundle not in self.registry.snapshot.bundles:
+            raise SieError(f"worker bundle {s.bundle!r} is not among the loaded bundles")
+        await self.bus.add_stream(work_stream_config(s.pool, max_msgs=s.stream_max_msgs, max_age_s=s.stream_max_age_s))
+        consumer = await self.bus.pull_consumer(
+            stream_name(s.pool),
+            ConsumerConfig(
+                durable=f"{s.bundle}_{s.machine_profile}",
+                filter_subject=lane_filter(s.pool, s.machine_profile, s.bundle),
+                ack_wait_s=s.ack_wait_s,
+                max_deliver=s.max_deliver,
+                max_ack_pending=max(1000, s.max_inflight_items),
+            ),
+        )
+        preload = [self.registry.resolve(m)[0] for m in s.preload]  # unknown id: fail at start
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.models.run)
+            tg.start_soon(self._heartbeats)
+            task_status.started()
+            for entry in preload:
+                try:
+                    await self.models.get(entry)
+                except SieError as exc:
+                    log.error("preload of %s failed: %s", entry.model_id, exc.message)
+            self.ready = True
+            self._status_changed.set()
+            await self._pull_loop(consumer, tg)
+
+    async def _pull_loop(self, consumer: Any, tg: anyio.abc.TaskGroup) -> None:
+        while True:
+            await self._inflight.acquire()
+            self._inflight.release()
+            want = min(64, max(1, self._inflight.value))
+            try:
+                msgs = await consumer.fetch(want, timeout_s=1.0)
+            except BusError as exc:
+                log.warning("fetch failed: %s; retrying", exc)
+                await anyio.sleep(1.0)
+                continue
+            for msg in msgs:
+                await self._inflight.acquire()
+                tg.start_soon(self._handle, msg)
+
+    async def _handle(self, msg: JsMsg) -> None:
+        try:
+            await self._handle_one(msg)
+        finally:
+            self._inflight.release()
+
+    async def _handle_one(self, msg: JsMsg) -> None:
+        try:
+            item = WorkItem.from_bytes(msg.data)
+        except SieError as exc:
+            log.error("undecodable work item on %s: %s; terminating it", msg.subject, exc.message)
+            await msg.term()
+            return
+        t0 = time.monotonic()
+        try:
+            result = await self._execute(item)
+            outcome = "success"
+        except SieError as exc:
+            result = self._error(item, exc.code, exc.message)
+            outcome = exc.code
+        except Exception as exc:
+            log.exception("work item %s failed", item.work_item_id)
+            result = self._error(item, "INFERENCE_ERROR", f"inference error: {exc}")
+            outcome = "INFERENCE_ERROR"
+        result.processing_ms = (time.monotonic() - t0) * 1000.0
+        try:
+            await self.bus.publish(item.reply_subject, result.to_bytes())
+        except BusError as exc:
+            log.warning("cannot publish result of %s (%s); NAK for redelivery", item.work_item_id, exc)
+            await msg.nak(1.0)
+            return
+        await msg.ack()
+        self.metrics.work_items.labels(item.model_id, outcome).inc()
+
+    def _error(self, item: WorkItem, code: str, message: str) -> WorkResult:
+        return WorkResult(
+            work_item_id=item.work_item_id,
+            request_id=item.request_id,
+            item_index=item.item_index,
+            success=False,
+            error=message,
+            error_code=code,
+            worker_id=self.worker_id,
+        )
+
+    def _entry(self, item: WorkItem) -> ModelEntry:
+        entry = self.registry.snapshot.entries.get(item.model_id)
+        if entry is None or self.settings.bundle not in entry.bundles:
+            raise ModelNotFound(f"model {item.model_id!r} is not served by bundle {self.settings.bundle!r}")
+        return entry
+
+    async def _execute(self, item: WorkItem) -> WorkResult:
+        if item.operation != "encode":
+            raise InvalidInput(f"operation {item.operation!r} is not supported by this worker", field="operation")
+        entry = self._entry(item)
+        text = (item.item or {}).get("text")
+        if not isinstance(text, str):
+            raise InvalidInput(f"items[{item.item_index}].text must be a string", field=f"items[{item.item_index}].text")
+        options = {**entry.profile.runtime, **(item.options or {})}
+        output_types = tuple(sorted(item.output_types or options.get("output_types") or ["dense"]))
+        loaded = await self.models.get(entry)
+        unsupported = [t for t in output_types if t not in loaded.engine.outputs or t not in entry.config.outputs]
+        if unsupported:
+            raise InvalidInput(
+                f"model {item.model_id!r} does not produce output type(s) {unsupported}", field="params.output_types"
+            )
+        instruction = item.instruction or options.get("instruction")
+        is_query = bool(item.is_query if item.is_query is not None else options.get("is_query", False))
+        t_tok = time.monotonic()
+        tokens = loaded.engine.count_tokens([text])[0]
+        tokenization_ms = (time.monotonic() - t_tok) * 1000.0
+        key = (output_types, instruction, is_query, _freeze(options))
+        vectors, stats = await loaded.batcher.submit(text, tokens, key)
+        dims = entry.config.dims
+        blob = {
+            t: {"dims": int(dims.get(t, vectors[t].shape[-1])), "dtype": "float32", "values": vectors[t]}
+            for t in output_types
+        }
+        queue_ms = max(0.0, (time.time() - item.timestamp) * 1000.0 - stats.inference_s * 1000.0)
+        return WorkResult(
+            work_item_id=item.work_item_id,
+            request_id=item.request_id,
+            item_index=item.item_index,
+            success=True,
+            result_msgpack=packb(blob),
+            inference_ms=stats.inference_s * 1000.0,
+            queue_ms=queue_ms,
+            tokenization_ms=tokenization_ms,
+            worker_id=self.worker_id,
+            input_tokens=tokens,
+        )
+
+    def heartbeat(self) -> Heartbeat:
+        s = self.settings
+        snap = self.registry.snapshot
+        bundle = snap.bundles.get(s.bundle)
+        return Heartbeat(
+            worker_id=self.worker_id,
+            pool=s.pool,
+            machine_profile=s.machine_profile,
+            bundle=s.bundle,
+            ready=self.ready,
+            models=self.models.statuses(),
+            bundle_config_hash=bundle_config_hash(snap.configs.values(), bundle) if bundle else "",
+            interval_s=s.heartbeat_interval_s,
+        )
+
+    async def _heartbeats(self) -> None:
+        """Publish a heartbeat every interval, and at once when a model's state changes."""
+        while True:
+            try:
+                await self.bus.publish(health_subject(self.worker_id), self.heartbeat().to_bytes())
+            except BusError as exc:
+                log.warning("heartbeat publish failed: %s", exc)
+            self._status_changed = anyio.Event()
+            with anyio.move_on_after(self.settings.heartbeat_interval_s):
+                await self._status_changed.wait()

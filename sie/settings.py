@@ -1,0 +1,114 @@
+"""Frozen settings, built once at the edge (the CLI) from flags and ``SIE_*`` env vars.
+
+The single registry of SIE environment variables: ``ENV_VARS`` maps each
+variable to its setting. Nothing in SIE reads ``os.environ`` at import time.
+Units are in the names (``_s`` seconds, ``_bytes``).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["ENV_VARS", "ROLES", "ServeSettings"]
+
+ROLES = ("gateway", "config", "worker")
+
+
+class ServeSettings(BaseModel):
+    """Everything ``sie serve`` needs. Immutable."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    roles: tuple[str, ...] = ROLES
+    bus: Literal["memory", "nats"] = "memory"
+    nats_url: str = "nats://127.0.0.1:4222"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    config_port: int = Field(default=8081, ge=0, le=65535)
+    models_dir: str | None = None
+    bundles_dir: str | None = None
+    preload: tuple[str, ...] = ()
+    # identities / lanes (architecture §16.3)
+    pool: str = "default"
+    machine_profile: str = "default"
+    bundle: str = "default"
+    worker_id: str = Field(default_factory=lambda: f"worker-{socket.gethostname()}")
+    router_id: str = Field(default_factory=lambda: f"gw-{socket.gethostname()}")
+    device: str = "cpu"
+    # gateway
+    request_timeout_s: float = Field(default=30.0, gt=0)
+    max_body_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
+    max_items_per_request: int = Field(default=4096, gt=0)
+    drain_timeout_s: float = Field(default=25.0, ge=0)
+    # streams (architecture §8.2)
+    stream_max_age_s: float = 1800.0
+    stream_max_msgs: int = 100_000
+    # worker
+    max_batch_requests: int = Field(default=64, gt=0)
+    max_batch_wait_ms: float = Field(default=10.0, ge=0)
+    max_inflight_items: int = Field(default=512, gt=0)
+    ack_wait_s: float = 30.0
+    max_deliver: int = 20
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    log_level: str = "INFO"
+
+    @field_validator("roles", mode="before")
+    @classmethod
+    def _roles(cls, v: object) -> tuple[str, ...]:
+        items = [r.strip() for r in v.split(",")] if isinstance(v, str) else [str(r).strip() for r in v]  # type: ignore[attr-defined]
+        items = [r for r in items if r]
+        bad = [r for r in items if r not in ROLES]
+        if bad or not items:
+            raise ValueError(f"roles must be a non-empty subset of {','.join(ROLES)}; got {bad or 'nothing'}")
+        return tuple(dict.fromkeys(items))
+
+    @field_validator("preload", mode="before")
+    @classmethod
+    def _csv(cls, v: object) -> tuple[str, ...]:
+        if isinstance(v, str):
+            return tuple(x.strip() for x in v.split(",") if x.strip())
+        return tuple(v)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], **overrides: object) -> ServeSettings:
+        """Settings from ``env`` (``ENV_VARS``), then explicit ``overrides`` (flags) win."""
+        values: dict[str, object] = {f: env[k] for k, f in ENV_VARS.items() if env.get(k, "") != ""}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(values)
+
+
+#: Every SIE_* variable `sie serve` reads, and the setting it fills.
+ENV_VARS: dict[str, str] = {
+    "SIE_ROLES": "roles",
+    "SIE_BUS": "bus",
+    "SIE_NATS_URL": "nats_url",
+    "SIE_HOST": "host",
+    "SIE_PORT": "port",
+    "SIE_CONFIG_PORT": "config_port",
+    "SIE_MODELS_DIR": "models_dir",
+    "SIE_BUNDLES_DIR": "bundles_dir",
+    "SIE_PRELOAD_MODELS": "preload",
+    "SIE_POOL": "pool",
+    "SIE_MACHINE_PROFILE": "machine_profile",
+    "SIE_BUNDLE": "bundle",
+    "SIE_WORKER_ID": "worker_id",
+    "SIE_ROUTER_ID": "router_id",
+    "SIE_DEVICE": "device",
+    "SIE_GATEWAY_REQUEST_TIMEOUT": "request_timeout_s",
+    "SIE_MAX_BODY_BYTES": "max_body_bytes",
+    "SIE_MAX_ITEMS_PER_REQUEST": "max_items_per_request",
+    "SIE_DRAIN_TIMEOUT_S": "drain_timeout_s",
+    "SIE_STREAM_MAX_AGE_S": "stream_max_age_s",
+    "SIE_STREAM_MAX_MSGS": "stream_max_msgs",
+    "SIE_MAX_BATCH_REQUESTS": "max_batch_requests",
+    "SIE_MAX_BATCH_WAIT_MS": "max_batch_wait_ms",
+    "SIE_MAX_CONCURRENT_REQUESTS": "max_inflight_items",
+    "SIE_ACK_WAIT_S": "ack_wait_s",
+    "SIE_MAX_DELIVER": "max_deliver",
+    "SIE_HEARTBEAT_INTERVAL_S": "heartbeat_interval_s",
+    "SIE_LOG_LEVEL": "log_level",
+}

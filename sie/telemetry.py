@@ -1,0 +1,37 @@
+"""Prometheus metrics and the OpenTelemetry tracer (a leaf: any layer may import it).
+
+Metric names follow reference §4.12 where one exists.
+"""
+
+from __future__ import annotations
+
+from opentelemetry import trace
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+__all__ = ["METRICS", "Metrics", "tracer"]
+
+tracer = trace.get_tracer("sie")
+
+
+class Metrics:
+    """One set of collectors on its own registry (tests may build their own)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.requests = Counter(
+            "sie_requests_total", "HTTP inference requests", ["endpoint", "model", "status"], registry=self.registry
+        )
+        self.request_duration = Histogram(
+            "sie_request_duration_seconds", "HTTP inference request duration (seconds)", ["endpoint"], registry=self.registry
+        )
+        self.batch_size = Histogram(
+            "sie_batch_size", "Items per engine call", ["model"], registry=self.registry,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+        )
+        self.tokens = Counter("sie_tokens_processed_total", "Tokens run through engines", ["model"], registry=self.registry)
+        self.work_items = Counter(
+            "sie_worker_items_total", "Work items settled by workers", ["model", "outcome"], registry=self.registry
+        )
+
+
+METRICS = Metrics()

@@ -1,0 +1,1 @@
+"""The bus port (``base``) and its adapters (``memory``; ``nats`` in a later issue)."""

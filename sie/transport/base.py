@@ -1,0 +1,211 @@
+"""The bus port: NATS Core pub/sub plus JetStream work-queue streams, over bytes.
+
+Semantics every implementation must honour (tests/contract/test_bus.py runs the
+same suite against each; architecture §8, §8.2):
+
+Core pub/sub
+    ``publish(subject, data)`` is fire-and-forget; ``subscribe(pattern)`` gets every
+    later message whose subject matches (``*`` = one token, ``>`` = one or more
+    trailing tokens). No replay, no acks.
+
+Work-queue streams
+    ``add_stream`` creates or reconciles a stream (WorkQueue retention: a message
+    is deleted once acked). ``js_publish`` stores a message and returns its
+    ``PubAck``; it raises ``NoStreamError`` when no stream captures the subject and
+    ``StreamFullError`` when the stream holds ``max_msgs`` (discard=new).
+    ``pull_consumer`` binds (creating if needed) a durable pull consumer with a
+    subject filter. ``fetch`` returns up to ``batch`` messages, waiting at most
+    ``timeout_s`` seconds for the first; an empty list means none arrived.
+    A delivered message must be settled: ``ack`` (gone), ``nak(delay_s)``
+    (redelivered after the delay), ``term`` (never redelivered), or
+    ``in_progress`` (resets the ack timer). An unsettled message is redelivered
+    after ``ack_wait_s``. After ``max_deliver`` deliveries it is not delivered
+    again and a max-deliveries advisory is published on
+    ``$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{consumer}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from sie.core.errors import QueueUnavailable
+from sie.core.subjects import stream_name, stream_subjects
+
+__all__ = [
+    "Bus",
+    "BusError",
+    "ConsumerConfig",
+    "ConsumerInfo",
+    "JsMsg",
+    "Msg",
+    "NoStreamError",
+    "PubAck",
+    "PullConsumer",
+    "StreamConfig",
+    "StreamFullError",
+    "StreamInfo",
+    "Subscription",
+    "work_stream_config",
+]
+
+
+class BusError(QueueUnavailable):
+    """The bus could not carry out an operation (503 QUEUE_UNAVAILABLE)."""
+
+
+class NoStreamError(BusError):
+    """No stream captures the subject (NATS: no responders)."""
+
+
+class StreamFullError(BusError):
+    """The stream is at ``max_msgs`` and discards new messages (architecture §8.2)."""
+
+    code = "QUEUE_FULL"
+
+
+@dataclass(frozen=True, slots=True)
+class Msg:
+    """A core pub/sub message."""
+
+    subject: str
+    data: bytes
+    headers: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamConfig:
+    """A work-queue stream (architecture §8.2 defaults). ``max_age_s`` in seconds."""
+
+    name: str
+    subjects: list[str]
+    max_msgs: int = 100_000
+    max_age_s: float = 1800.0
+    storage: str = "memory"
+    replicas: int = 1
+    duplicate_window_s: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerConfig:
+    """A durable pull consumer. ``ack_wait_s`` in seconds."""
+
+    durable: str
+    filter_subject: str
+    ack_wait_s: float = 30.0
+    max_deliver: int = 20
+    max_ack_pending: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class PubAck:
+    stream: str
+    seq: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    name: str
+    messages: int
+    consumers: int
+    config: StreamConfig
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerInfo:
+    """``num_pending``: undelivered; ``num_ack_pending``: delivered, not yet settled."""
+
+    stream: str
+    durable: str
+    num_pending: int
+    num_ack_pending: int
+    num_redelivered: int = 0
+
+
+class Subscription(Protocol):
+    """An async iterator of ``Msg``; ``unsubscribe`` ends it."""
+
+    subject: str
+
+    def __aiter__(self) -> AsyncIterator[Msg]: ...
+
+    async def next_msg(self, timeout_s: float) -> Msg:
+        """Next message; raises ``TimeoutError`` after ``timeout_s`` seconds."""
+        ...
+
+    async def unsubscribe(self) -> None: ...
+
+
+class JsMsg(Protocol):
+    """A delivered work-queue message awaiting settlement."""
+
+    subject: str
+    data: bytes
+    headers: Mapping[str, str] | None
+
+    @property
+    def num_delivered(self) -> int:
+        """1 on first delivery, 2 on the first redelivery, ..."""
+        ...
+
+    async def ack(self) -> None: ...
+
+    async def nak(self, delay_s: float | None = None) -> None: ...
+
+    async def term(self) -> None: ...
+
+    async def in_progress(self) -> None: ...
+
+
+class PullConsumer(Protocol):
+    async def fetch(self, batch: int, timeout_s: float) -> list[JsMsg]:
+        """Up to ``batch`` messages; ``[]`` if none within ``timeout_s`` seconds.
+
+        Raises:
+            BusError: the consumer or its stream no longer exists.
+        """
+        ...
+
+    async def info(self) -> ConsumerInfo: ...
+
+
+@runtime_checkable
+class Bus(Protocol):
+    """The message bus port. Implementations are async context managers."""
+
+    async def publish(self, subject: str, data: bytes, headers: Mapping[str, str] | None = None) -> None:
+        """Core publish (fire-and-forget). Raises ``BusError`` when disconnected."""
+        ...
+
+    async def subscribe(self, subject: str, *, max_pending: int = 65536) -> Subscription:
+        """Core subscription on a subject pattern. Raises ``BusError``."""
+        ...
+
+    async def add_stream(self, config: StreamConfig) -> StreamInfo:
+        """Create the stream, or reconcile subjects/max_msgs/max_age of an existing one."""
+        ...
+
+    async def stream_info(self, name: str) -> StreamInfo:
+        """Raises ``NoStreamError`` if the stream does not exist."""
+        ...
+
+    async def js_publish(
+        self, subject: str, data: bytes, *, msg_id: str | None = None, headers: Mapping[str, str] | None = None
+    ) -> PubAck:
+        """Store a message. Raises ``NoStreamError`` or ``StreamFullError``."""
+        ...
+
+    async def pull_consumer(self, stream: str, config: ConsumerConfig) -> PullConsumer:
+        """Create or bind a durable pull consumer. Raises ``NoStreamError``."""
+        ...
+
+
+
+def work_stream_config(pool: str, *, max_msgs: int = 100_000, max_age_s: float = 1800.0) -> StreamConfig:
+    """``WORK_POOL_{pool}`` capturing ``sie.work.{pool}.*.*.*`` (architecture §8.2).
+
+    Gateway and worker both ensure it with the same settings so neither wins a race.
+    """
+    return StreamConfig(name=stream_name(pool), subjects=stream_subjects(pool), max_msgs=max_msgs, max_age_s=max_age_s)

@@ -1,0 +1,345 @@
+"""In-process bus with NATS Core + JetStream work-queue semantics.
+
+A real backend (the embedded default and the test bus), not a mock: it passes the
+same contract suite as the NATS adapter (tests/contract/test_bus.py) and carries
+the same bytes, so serialisation is exercised exactly as over NATS. Timers
+(ack_wait redelivery, nak delay, max_age) are evaluated lazily on each call, so
+the bus owns no background tasks. Single event loop; not thread-safe.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from sie.core.subjects import subject_matches
+from sie.transport.base import (
+    BusError,
+    ConsumerConfig,
+    ConsumerInfo,
+    JsMsg,
+    Msg,
+    NoStreamError,
+    PubAck,
+    StreamConfig,
+    StreamFullError,
+    StreamInfo,
+)
+
+__all__ = ["MemoryBus"]
+
+ADVISORY_MAX_DELIVERIES = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
+
+
+def _filters_overlap(a: str, b: str) -> bool:
+    ta, tb = a.split("."), b.split(".")
+    for i in range(max(len(ta), len(tb))):
+        x = ta[i] if i < len(ta) else None
+        y = tb[i] if i < len(tb) else None
+        if x == ">" or y == ">":
+            return x is not None and y is not None
+        if x is None or y is None:
+            return False
+        if x != y and "*" not in (x, y):
+            return False
+    return True
+
+
+class _MemSubscription:
+    def __init__(self, bus: MemoryBus, subject: str, max_pending: int) -> None:
+        self.subject = subject
+        self.dropped = 0
+        self._bus = bus
+        send, recv = anyio.create_memory_object_stream[Msg](max_pending)
+        self._send: MemoryObjectSendStream[Msg] = send
+        self._recv: MemoryObjectReceiveStream[Msg] = recv
+
+    def _deliver(self, msg: Msg) -> None:
+        try:
+            self._send.send_nowait(msg)
+        except anyio.WouldBlock:
+            self.dropped += 1  # slow consumer: NATS drops too
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+
+    async def __aiter__(self) -> AsyncIterator[Msg]:
+        try:
+            async for msg in self._recv:
+                yield msg
+        except anyio.ClosedResourceError:
+            return
+
+    async def next_msg(self, timeout_s: float) -> Msg:
+        try:
+            with anyio.fail_after(timeout_s):
+                return await self._recv.receive()
+        except anyio.EndOfStream as exc:
+            raise BusError(f"subscription {self.subject!r} closed") from exc
+
+    async def unsubscribe(self) -> None:
+        self._bus._subs.discard(self)
+        self._send.close()
+
+
+@dataclass(slots=True)
+class _Stored:
+    seq: int
+    subject: str
+    data: bytes
+    headers: Mapping[str, str] | None
+    stored_at: float
+    delivered: int = 0
+    in_flight: bool = False
+    available_at: float = 0.0
+    dead: bool = False
+
+
+@dataclass(slots=True)
+class _Consumer:
+    config: ConsumerConfig
+    redelivered: int = 0
+
+
+@dataclass(slots=True)
+class _Stream:
+    config: StreamConfig
+    msgs: dict[int, _Stored] = field(default_factory=dict)
+    next_seq: int = 1
+    consumers: dict[str, _Consumer] = field(default_factory=dict)
+    dedupe: dict[str, tuple[int, float]] = field(default_factory=dict)
+    changed: anyio.Event = field(default_factory=anyio.Event)
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    def expire(self, now: float) -> None:
+        cutoff = now - self.config.max_age_s
+        while self.msgs:
+            first = next(iter(self.msgs.values()))
+            if first.stored_at >= cutoff:
+                break
+            del self.msgs[first.seq]
+        window = now - self.config.duplicate_window_s
+        if self.dedupe and next(iter(self.dedupe.values()))[1] < window:
+            self.dedupe = {k: v for k, v in self.dedupe.items() if v[1] >= window}
+
+
+class _MemJsMsg:
+    __slots__ = ("_delivery", "_stored", "_stream", "data", "headers", "subject")
+
+    def __init__(self, stream: _Stream, stored: _Stored) -> None:
+        self._stream = stream
+        self._stored = stored
+        self._delivery = stored.delivered
+        self.subject = stored.subject
+        self.data = stored.data
+        self.headers = stored.headers
+
+    @property
+    def num_delivered(self) -> int:
+        return self._delivery
+
+    def _live(self) -> _Stored | None:
+        s = self._stream.msgs.get(self._stored.seq)
+        return s if s is not None and s.delivered == self._delivery else None
+
+    async def ack(self) -> None:
+        if self._live() is not None:
+            del self._stream.msgs[self._stored.seq]
+            self._stream.notify()
+
+    async def term(self) -> None:
+        await self.ack()
+
+    async def nak(self, delay_s: float | None = None) -> None:
+        s = self._live()
+        if s is not None:
+            s.in_flight = False
+            s.available_at = time.monotonic() + (delay_s or 0.0)
+            self._stream.notify()
+
+    async def in_progress(self) -> None:
+        s = self._live()
+        if s is not None and s.in_flight:
+            cons = [c for c in self._stream.consumers.values() if subject_matches(c.config.filter_subject, s.subject)]
+            wait = cons[0].config.ack_wait_s if cons else 30.0
+            s.available_at = time.monotonic() + wait
+
+
+class _MemPullConsumer:
+    def __init__(self, bus: MemoryBus, stream: str, durable: str) -> None:
+        self._bus = bus
+        self._stream_name = stream
+        self._durable = durable
+
+    def _parts(self) -> tuple[_Stream, _Consumer]:
+        stream = self._bus._streams.get(self._stream_name)
+        if stream is None or self._durable not in stream.consumers:
+            raise BusError(f"consumer {self._durable!r} on stream {self._stream_name!r} no longer exists")
+        return stream, stream.consumers[self._durable]
+
+    async def fetch(self, batch: int, timeout_s: float) -> list[JsMsg]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            stream, consumer = self._parts()
+            now = time.monotonic()
+            stream.expire(now)
+            cfg = consumer.config
+            out: list[JsMsg] = []
+            dead: list[_Stored] = []
+            next_wake = math.inf
+            in_flight = sum(1 for m in stream.msgs.values() if m.in_flight and m.available_at > now)
+            for m in stream.msgs.values():
+                if m.dead or not subject_matches(cfg.filter_subject, m.subject):
+                    continue
+                if m.available_at > now:
+                    next_wake = min(next_wake, m.available_at)
+                    continue
+                if m.delivered >= cfg.max_deliver:
+                    m.dead, m.in_flight = True, False
+                    dead.append(m)
+                    continue
+                if in_flight >= cfg.max_ack_pending or len(out) >= batch:
+                    break
+                if m.delivered:
+                    consumer.redelivered += 1
+                m.delivered += 1
+                m.in_flight = True
+                m.available_at = now + cfg.ack_wait_s
+                in_flight += 1
+                out.append(_MemJsMsg(stream, m))
+            for m in dead:
+                await self._bus.publish(
+                    f"{ADVISORY_MAX_DELIVERIES}.{stream.config.name}.{cfg.durable}",
+                    json.dumps(
+                        {"stream": stream.config.name, "consumer": cfg.durable, "stream_seq": m.seq, "deliveries": m.delivered}
+                    ).encode(),
+                )
+            if out:
+                return out
+            if now >= deadline:
+                return []
+            with anyio.move_on_after(min(deadline, next_wake) - now):
+                await stream.changed.wait()
+
+    async def info(self) -> ConsumerInfo:
+        stream, consumer = self._parts()
+        now = time.monotonic()
+        stream.expire(now)
+        f = consumer.config.filter_subject
+        mine = [m for m in stream.msgs.values() if not m.dead and subject_matches(f, m.subject)]
+        ack_pending = sum(1 for m in mine if m.in_flight and m.available_at > now)
+        return ConsumerInfo(
+            stream=stream.config.name,
+            durable=consumer.config.durable,
+            num_pending=len(mine) - ack_pending,
+            num_ack_pending=ack_pending,
+            num_redelivered=consumer.redelivered,
+        )
+
+
+class MemoryBus:
+    """The in-memory ``Bus``. Use as ``async with MemoryBus() as bus``."""
+
+    def __init__(self) -> None:
+        self._subs: set[_MemSubscription] = set()
+        self._streams: dict[str, _Stream] = {}
+        self._closed = False
+
+    async def __aenter__(self) -> MemoryBus:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        for sub in list(self._subs):
+            await sub.unsubscribe()
+
+    def _check(self) -> None:
+        if self._closed:
+            raise BusError("bus is closed")
+
+    async def publish(self, subject: str, data: bytes, headers: Mapping[str, str] | None = None) -> None:
+        self._check()
+        msg = Msg(subject, bytes(data), headers)
+        for sub in list(self._subs):
+            if subject_matches(sub.subject, subject):
+                sub._deliver(msg)
+
+    async def subscribe(self, subject: str, *, max_pending: int = 65536) -> _MemSubscription:
+        self._check()
+        sub = _MemSubscription(self, subject, max_pending)
+        self._subs.add(sub)
+        return sub
+
+    def _info(self, stream: _Stream) -> StreamInfo:
+        stream.expire(time.monotonic())
+        return StreamInfo(stream.config.name, len(stream.msgs), len(stream.consumers), stream.config)
+
+    async def add_stream(self, config: StreamConfig) -> StreamInfo:
+        self._check()
+        for other in self._streams.values():
+            if other.config.name != config.name and any(
+                _filters_overlap(a, b) for a in config.subjects for b in other.config.subjects
+            ):
+                raise BusError(f"subjects {config.subjects} overlap stream {other.config.name!r}")
+        stream = self._streams.get(config.name)
+        if stream is None:
+            stream = self._streams[config.name] = _Stream(config)
+        else:
+            stream.config = config  # reconcile subjects, max_msgs, max_age (architecture §8.2)
+        return self._info(stream)
+
+    async def stream_info(self, name: str) -> StreamInfo:
+        self._check()
+        stream = self._streams.get(name)
+        if stream is None:
+            raise NoStreamError(f"stream {name!r} not found")
+        return self._info(stream)
+
+    async def js_publish(
+        self, subject: str, data: bytes, *, msg_id: str | None = None, headers: Mapping[str, str] | None = None
+    ) -> PubAck:
+        self._check()
+        stream = next(
+            (s for s in self._streams.values() if any(subject_matches(p, subject) for p in s.config.subjects)), None
+        )
+        if stream is None:
+            raise NoStreamError(f"no stream captures subject {subject!r}")
+        now = time.monotonic()
+        stream.expire(now)
+        if msg_id is not None and msg_id in stream.dedupe:
+            return PubAck(stream.config.name, stream.dedupe[msg_id][0], duplicate=True)
+        if len(stream.msgs) >= stream.config.max_msgs:
+            raise StreamFullError(f"stream {stream.config.name!r} is full ({stream.config.max_msgs} messages)")
+        seq = stream.next_seq
+        stream.next_seq += 1
+        stream.msgs[seq] = _Stored(seq, subject, bytes(data), headers, now)
+        if msg_id is not None:
+            stream.dedupe[msg_id] = (seq, now)
+        stream.notify()
+        return PubAck(stream.config.name, seq)
+
+    async def pull_consumer(self, stream: str, config: ConsumerConfig) -> _MemPullConsumer:
+        self._check()
+        s = self._streams.get(stream)
+        if s is None:
+            raise NoStreamError(f"stream {stream!r} not found")
+        if config.durable not in s.consumers:
+            for other in s.consumers.values():
+                if _filters_overlap(other.config.filter_subject, config.filter_subject):
+                    raise BusError(
+                        f"filtered consumer not unique on work-queue stream {stream!r}: "
+                        f"{config.filter_subject!r} overlaps {other.config.durable!r}"
+                    )
+            s.consumers[config.durable] = _Consumer(config)
+        return _MemPullConsumer(self, stream, config.durable)
