@@ -47,14 +47,11 @@ async def serve_app(
     sock = bind_socket(host, port)
     bound = sock.getsockname()[1]
     config = Config()
-    config.bind = [f"fd://{sock.fileno()}"]
+    config.bind = [f"fd://{sock.detach()}"]  # hypercorn owns (and closes) the fd from here
     config.graceful_timeout = graceful_timeout_s
     config.accesslog = None
     config.errorlog = logging.getLogger(f"sie.{name}")
     config.keep_alive_timeout = 120
     log.info("%s listening on http://%s:%d", name, host, bound)
     task_status.started(bound)
-    try:
-        await serve(app, config, shutdown_trigger=shutdown.wait)  # type: ignore[arg-type]
-    finally:
-        sock.close()
+    await serve(app, config, shutdown_trigger=shutdown.wait)  # type: ignore[arg-type]

