@@ -1,0 +1,209 @@
+"""/v1/encode over real HTTP (hypercorn) through the in-memory bus, with real MiniLM.
+
+architecture §2, §16.2; reference §1.5 (shapes), §1.2 (msgpack/numpy).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+
+import httpx
+import msgpack
+import msgpack_numpy
+import numpy as np
+import pytest
+
+from tests.conftest import MINILM, Stack
+
+pytestmark = pytest.mark.slow
+
+URL = f"/v1/encode/{MINILM}"
+TEXTS = [
+    "The cat sits on the mat.",
+    "A quick brown fox jumps over the lazy dog near the riverbank at dawn.",
+    "Embeddings map text to vectors.",
+    "hello",
+]
+
+
+@pytest.fixture(scope="module")
+def client(stack: Stack) -> httpx.Client:
+    with httpx.Client(base_url=stack.base_url, timeout=60) as c:
+        yield c
+
+
+def dense(resp: httpx.Response) -> np.ndarray:
+    return np.array([it["dense"]["values"] for it in resp.json()["items"]], dtype=np.float32)
+
+
+def test_vectors_equal_sentence_transformers(client: httpx.Client, st_model: object) -> None:
+    resp = client.post(URL, json={"items": [{"id": f"i{i}", "text": t} for i, t in enumerate(TEXTS)]})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["model"] == MINILM
+    assert [it["id"] for it in body["items"]] == ["i0", "i1", "i2", "i3"]
+    assert all(it["dense"]["dims"] == 384 and it["dense"]["dtype"] == "float32" for it in body["items"])
+    got = dense(resp)
+    assert got.shape == (4, 384)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    expected = st_model.encode(TEXTS)  # type: ignore[attr-defined]
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_response_headers(client: httpx.Client) -> None:
+    resp = client.post(URL, json={"items": [{"text": "headers"}]})
+    h = resp.headers
+    assert h["x-sie-version"] and h["x-sie-server-version"]
+    assert len(h["x-sie-request-id"]) == 36
+    assert h["x-sie-worker"].startswith("worker-test-")
+    for name in ("x-queue-time", "x-inference-time", "x-tokenization-time", "x-queue-publish-time"):
+        assert float(h[name]) >= 0.0
+    assert "id" not in resp.json()["items"][0]  # no id in, no id out
+
+
+def test_json_and_msgpack_parity(client: httpx.Client) -> None:
+    payload = {"items": [{"id": "a", "text": t} for t in TEXTS]}
+    as_json = client.post(URL, json=payload)
+    as_msgpack = client.post(
+        URL,
+        content=msgpack.packb(payload),
+        headers={"Content-Type": "application/msgpack", "Accept": "application/msgpack"},
+    )
+    assert as_msgpack.status_code == 200
+    assert as_msgpack.headers["content-type"] == "application/msgpack"
+    decoded = msgpack.unpackb(as_msgpack.content, object_hook=msgpack_numpy.decode, raw=False)
+    arr = np.stack([it["dense"]["values"] for it in decoded["items"]])
+    assert arr.dtype == np.float32
+    np.testing.assert_allclose(arr, dense(as_json), atol=1e-6)
+    assert decoded["items"][0]["dense"]["dims"] == 384 and decoded["items"][0]["id"] == "a"
+
+
+def test_order_preserved_under_32_concurrent_requests(client: httpx.Client, stack: Stack, st_model: object) -> None:
+    texts = [f"request number {i} " + "word " * (i % 7) for i in range(32)]
+    expected = st_model.encode(texts)  # type: ignore[attr-defined]
+
+    def call(i: int) -> tuple[int, np.ndarray, list[str]]:
+        with httpx.Client(base_url=stack.base_url, timeout=60) as c:
+            items = [{"id": f"{i}-{j}", "text": texts[(i + j) % 32]} for j in range(3)]
+            r = c.post(URL, json={"items": items})
+            assert r.status_code == 200, r.text
+            return i, dense(r), [it["id"] for it in r.json()["items"]]
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(call, range(32)))
+    for i, vecs, ids in results:
+        assert ids == [f"{i}-{j}" for j in range(3)]
+        for j in range(3):
+            np.testing.assert_allclose(vecs[j], expected[(i + j) % 32], atol=1e-5)
+
+
+def test_options_and_query_flag_accepted(client: httpx.Client) -> None:
+    r = client.post(URL, json={"items": [{"text": "q"}], "params": {"is_query": True, "output_types": ["dense"], "options": {"normalize": True}}})
+    assert r.status_code == 200, r.text
+
+
+def test_models_endpoints(client: httpx.Client) -> None:
+    listing = client.get("/v1/models").json()
+    assert [m["id"] for m in listing["data"]] == [MINILM]
+    info = client.get(f"/v1/models/{MINILM}").json()
+    assert info["name"] == MINILM and info["dims"] == {"dense": 384} and info["outputs"] == ["dense"]
+    assert info["inputs"] == ["text"] and info["max_sequence_length"] == 256
+    assert info["loaded"] is True and info["state"] == "loaded"
+    assert info["profiles"] == {"default": {"is_default": True}}
+    missing = client.get("/v1/models/nope/nothing")
+    assert missing.status_code == 404
+    assert missing.json() == {"detail": {"code": "MODEL_NOT_FOUND", "message": "model 'nope/nothing' not found", "model": "nope/nothing"}}
+
+
+def test_health_probes(client: httpx.Client) -> None:
+    assert client.get("/healthz").text == "ok"
+    assert client.get("/readyz").text == "ok"
+    h = client.get("/health").json()
+    assert h["type"] == "gateway" and h["status"] == "healthy"
+    (w,) = h["workers"]
+    assert w["ready"] and w["bundle"] == "default" and len(w["bundle_config_hash"]) == 64
+    assert {"name": MINILM, "state": "loaded"} in w["models"]
+
+
+def test_metrics(client: httpx.Client) -> None:
+    client.post(URL, json={"items": [{"text": "count me"}]})
+    text = client.get("/metrics").text
+    assert "sie_requests_total" in text and "sie_batch_size_bucket" in text
+
+
+BAD = [
+    ("malformed json", {"content": b"{not json", "headers": {"Content-Type": "application/json"}}, 400, "INVALID_PAYLOAD", "body"),
+    ("malformed msgpack", {"content": b"\xc1\xc1", "headers": {"Content-Type": "application/msgpack"}}, 400, "INVALID_PAYLOAD", None),
+    ("empty body", {"content": b""}, 400, "INVALID_PAYLOAD", "body"),
+    ("missing items", {"json": {"params": {}}}, 400, "INVALID_INPUT", "items"),
+    ("empty items", {"json": {"items": []}}, 400, "INVALID_INPUT", "items"),
+    ("items not a list", {"json": {"items": "text"}}, 400, "INVALID_INPUT", "items"),
+    ("non-string text", {"json": {"items": [{"text": "ok"}, {"text": 42}]}}, 400, "INVALID_INPUT", "items[1].text"),
+    ("missing text", {"json": {"items": [{"id": "x"}]}}, 400, "INVALID_INPUT", "items[0].text"),
+    ("unknown output type", {"json": {"items": [{"text": "a"}], "params": {"output_types": ["holographic"]}}}, 400, "INVALID_INPUT", "params.output_types[0]"),
+    ("unsupported output type", {"json": {"items": [{"text": "a"}], "params": {"output_types": ["sparse"]}}}, 400, "INVALID_INPUT", "params.output_types"),
+    ("body not an object", {"json": [1, 2]}, 400, "INVALID_INPUT", "body"),
+]
+
+
+@pytest.mark.parametrize(("name", "kwargs", "status", "code", "field"), BAD, ids=[b[0] for b in BAD])
+def test_bad_input(client: httpx.Client, name: str, kwargs: dict, status: int, code: str, field: str | None) -> None:
+    r = client.post(URL, **kwargs)
+    assert r.status_code == status, r.text
+    detail = r.json()["detail"]
+    assert detail["code"] == code
+    if field is not None:
+        assert detail["field"] == field and field.split("[")[0].split(".")[0] in detail["message"]
+
+
+def test_unknown_model_and_route(client: httpx.Client) -> None:
+    r = client.post("/v1/encode/no/such-model", json={"items": [{"text": "a"}]})
+    assert r.status_code == 404 and r.json()["detail"]["code"] == "MODEL_NOT_FOUND"
+    assert client.get("/v1/nothing").json()["detail"]["code"] == "NOT_FOUND"
+    assert client.get(URL).status_code == 405
+
+
+def test_worker_survives_bad_input_and_poison_work(client: httpx.Client, stack: Stack) -> None:
+    from sie.core.subjects import inbox_subject, work_subject
+    from sie.core.wire import WorkItem, WorkResult
+
+    bus = stack.running.bus
+    subject = work_subject("default", "default", "default", MINILM)
+
+    async def poison() -> WorkResult:
+        await bus.js_publish(subject, b"\xc1 not msgpack")  # undecodable: terminated, no reply possible
+        reply = inbox_subject("probe", "p1")
+        sub = await bus.subscribe(reply)
+        bad = WorkItem("p1.0", "p1", 0, 1, "encode", MINILM, "default", "default", "probe", reply, item={"text": 7})
+        await bus.js_publish(subject, bad.to_bytes())
+        msg = await sub.next_msg(10)
+        await sub.unsubscribe()
+        return WorkResult.from_bytes(msg.data)
+
+    result = stack.portal.call(poison)
+    assert not result.success and result.error_code == "INVALID_INPUT"
+    ok = client.post(URL, json={"items": [{"text": "still alive"}]})
+    assert ok.status_code == 200
+
+
+def test_body_limit() -> None:
+    from tests.conftest import run_stack
+
+    with run_stack(roles=("gateway",), max_body_bytes=64, max_items_per_request=2) as s, httpx.Client(base_url=s.base_url) as c:
+        big = c.post(URL, json={"items": [{"text": "x" * 100}]})
+        assert big.status_code == 413 and big.json()["detail"]["code"] == "PAYLOAD_TOO_LARGE"
+        many = c.post(URL, content=json.dumps({"items": [{"text": ""}] * 3}))
+        assert many.status_code == 400 and many.json()["detail"]["field"] == "items"
+
+
+def test_timeout_without_worker_is_504() -> None:
+    from tests.conftest import run_stack
+
+    with run_stack(roles=("gateway",), request_timeout_s=0.5) as s, httpx.Client(base_url=s.base_url) as c:
+        r = c.post(URL, json={"items": [{"text": "nobody home"}]})
+        assert r.status_code == 504
+        assert r.headers["retry-after"] == "5" and r.headers["x-sie-error-code"] == "GATEWAY_TIMEOUT"
+        assert r.json()["error"]["code"] == "GATEWAY_TIMEOUT"
+        h = c.get("/health").json()
+        assert h["status"] == "degraded" and h["workers"] == []

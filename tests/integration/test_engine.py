@@ -1,0 +1,102 @@
+"""The sentence-transformers engine and weight resolution, on the real MiniLM."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sie.core.config import parse_model_config
+from sie.core.errors import ModelLoadFailed
+from sie.engines.sentence_transformers import DenseEncoder, apply_template
+from sie.engines.weights import resolve_weights
+from tests.conftest import CONFIGS
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def engine() -> DenseEncoder:
+    cfg = parse_model_config((CONFIGS / "sentence-transformers__all-MiniLM-L6-v2.yaml").read_text())
+    e = DenseEncoder(cfg, cfg.resolve_profile(), "cpu")
+    e.load()
+    return e
+
+
+def test_vector_does_not_depend_on_batch(engine: DenseEncoder) -> None:
+    target = "The same text, alone or in company."
+    others = ["a", "medium length sentence with some words", "x " * 120, "another one of a different length entirely, much longer than the rest " * 3]
+    kw = {"output_types": ["dense"], "instruction": None, "is_query": False, "options": {"normalize": True}}
+    alone = engine.encode([target], **kw)["dense"][0]
+    mixed = engine.encode([others[0], target, *others[1:]], **kw)["dense"][1]
+    np.testing.assert_allclose(alone, mixed, atol=1e-5)
+
+
+def test_shapes_tokens_and_truncation(engine: DenseEncoder) -> None:
+    out = engine.encode(["a", "b c"], output_types=["dense"], instruction=None, is_query=False, options={})
+    assert out["dense"].shape == (2, 384) and out["dense"].dtype == np.float32
+    counts = engine.count_tokens(["hello", "word " * 1000])
+    assert counts[0] == 3 and counts[1] == 256  # [CLS] hello [SEP]; truncated at max_sequence_length
+
+
+def test_templates() -> None:
+    assert apply_template("t", None, False, {}) == "t"
+    assert apply_template("t", "Represent:", True, {}) == "Represent: t"
+    assert apply_template("t", "I", True, {"query_template": "query: {text}"}) == "query: t"
+    assert apply_template("t", "I", False, {"doc_template": "{instruction}|{text}"}) == "I|t"
+
+
+def test_weights_from_package(minilm_path: Path) -> None:
+    cfg = parse_model_config((CONFIGS / "sentence-transformers__all-MiniLM-L6-v2.yaml").read_text())
+    assert resolve_weights(cfg) == minilm_path
+
+
+def test_weights_path_wins(tmp_path: Path) -> None:
+    cfg = parse_model_config(
+        {"sie_id": "x/y", "weights_path": str(tmp_path), "tasks": {}, "profiles": {"default": {"adapter_path": "a:B", "max_batch_tokens": 1}}}
+    )
+    assert resolve_weights(cfg) == tmp_path
+
+
+def test_missing_weights_fail_fast_naming_what_was_tried(tmp_path: Path) -> None:
+    cfg = parse_model_config(
+        {
+            "sie_id": "nobody/nothing",
+            "hf_id": "nobody/nothing",
+            "weights_path": str(tmp_path / "absent"),
+            "tasks": {"encode": {"dense": {"dim": 4}}},
+            "profiles": {"default": {"adapter_path": "sie.engines.sentence_transformers:DenseEncoder", "max_batch_tokens": 1}},
+        }
+    )
+    t0 = time.monotonic()
+    with pytest.raises(ModelLoadFailed) as exc:
+        DenseEncoder(cfg, cfg.resolve_profile(), "cpu").load()
+    assert time.monotonic() - t0 < 10
+    msg = exc.value.message
+    assert "absent" in msg and "Hugging Face cache" in msg
+    assert exc.value.status == 502 and exc.value.fields["permanent"] is True
+
+
+def test_load_failure_is_a_502_over_http(tmp_path: Path) -> None:
+    import httpx
+
+    from tests.conftest import run_stack
+
+    (tmp_path / "ghost.yaml").write_text(
+        "sie_id: ghost/model\nhf_id: ghost/model\ntasks: {encode: {dense: {dim: 4}}}\n"
+        "profiles: {default: {adapter_path: 'sie.engines.sentence_transformers:DenseEncoder', max_batch_tokens: 64}}\n"
+    )
+    with run_stack(models_dir=str(tmp_path)) as s, httpx.Client(base_url=s.base_url, timeout=30) as c:
+        r = c.post("/v1/encode/ghost/model", json={"items": [{"text": "a"}, {"text": "b"}]})
+        assert r.status_code == 502, r.text
+        assert r.json()["error"]["code"] == "MODEL_LOAD_FAILED" and "retry-after" not in r.headers
+        info = c.get("/v1/models/ghost/model").json()
+        deadline = time.monotonic() + 5
+        while info["state"] != "failed" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            info = c.get("/v1/models/ghost/model").json()
+        assert info["state"] == "failed" and info["last_error"]["code"] == "MODEL_LOAD_FAILED"
+        # the worker is alive: a second request gets the same sticky error, fast
+        assert c.post("/v1/encode/ghost/model", json={"items": [{"text": "c"}]}).status_code == 502
