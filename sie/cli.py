@@ -33,16 +33,28 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run roles (gateway, config, worker) in this process")
     s.add_argument("--roles", help="comma-separated subset of gateway,config,worker [SIE_ROLES]")
-    s.add_argument("--bus", choices=["memory", "nats"], help="message bus [SIE_BUS, default memory]")
+    s.add_argument(
+        "--bus", choices=["memory", "nats"], help="message bus [SIE_BUS, default memory]"
+    )
     s.add_argument("--nats-url", help="NATS URL [SIE_NATS_URL]")
     s.add_argument("--host", help="listen address [SIE_HOST, default 127.0.0.1]")
     s.add_argument("--port", type=int, help="gateway port [SIE_PORT, default 8080]")
-    s.add_argument("--config-port", type=int, help="config role port [SIE_CONFIG_PORT, default 8081]")
+    s.add_argument(
+        "--config-port", type=int, help="config role port [SIE_CONFIG_PORT, default 8081]"
+    )
     s.add_argument("--models-dir", help="model config YAML dir or fsspec URL [SIE_MODELS_DIR]")
     s.add_argument("--bundles-dir", help="bundle YAML dir or fsspec URL [SIE_BUNDLES_DIR]")
-    s.add_argument("--preload", nargs="+", action="extend", metavar="MODEL", help="load at start [SIE_PRELOAD_MODELS]")
+    s.add_argument(
+        "--preload",
+        nargs="+",
+        action="extend",
+        metavar="MODEL",
+        help="load at start [SIE_PRELOAD_MODELS]",
+    )
     s.add_argument("--pool", help="worker pool [SIE_POOL, default default]")
-    s.add_argument("--machine-profile", help="worker machine profile [SIE_MACHINE_PROFILE, default default]")
+    s.add_argument(
+        "--machine-profile", help="worker machine profile [SIE_MACHINE_PROFILE, default default]"
+    )
     s.add_argument("--bundle", help="worker bundle [SIE_BUNDLE, default default]")
     s.add_argument("--device", help="torch device [SIE_DEVICE, default cpu]")
     s.add_argument("--log-level", help="[SIE_LOG_LEVEL, default INFO]")
@@ -64,7 +76,11 @@ async def _serve(settings: ServeSettings) -> None:
                         log.warning("second signal: exiting now")
                         tg.cancel_scope.cancel()
                         return
-                    log.info("%s: draining (up to %.0fs)", signal.Signals(signum).name, settings.drain_timeout_s)
+                    log.info(
+                        "%s: draining (up to %.0fs)",
+                        signal.Signals(signum).name,
+                        settings.drain_timeout_s,
+                    )
                     shutdown.set()
                     tg.start_soon(deadline)
 
@@ -90,7 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sie serve: invalid settings: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
     )
     # Offline by default: weights come from weights_path, packages or the local cache.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

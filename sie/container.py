@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import anyio
 import anyio.abc
+from starlette.applications import Starlette
 
 from sie.control.seed import load_bundles, load_models
 from sie.core.errors import ConfigError, SieError
@@ -56,7 +57,9 @@ def build_registry(settings: ServeSettings) -> ModelRegistry:
 def build_bus(settings: ServeSettings) -> Bus:
     if settings.bus == "memory":
         return MemoryBus()
-    raise ConfigError("--bus=nats: the NATS adapter is not part of this build yet; use --bus=memory", field="bus")
+    raise ConfigError(
+        "--bus=nats: the NATS adapter is not part of this build yet; use --bus=memory", field="bus"
+    )
 
 
 @dataclass
@@ -70,7 +73,7 @@ class Running:
     config: ConfigRole | None = None
     gateway_port: int | None = None
     config_port: int | None = None
-    apps: dict[str, object] = field(default_factory=dict)
+    apps: dict[str, Starlette] = field(default_factory=dict)
 
 
 class Container:
@@ -90,7 +93,10 @@ class Container:
         self.metrics = metrics
 
     async def run(
-        self, shutdown: anyio.Event, *, task_status: anyio.abc.TaskStatus[Running] = anyio.TASK_STATUS_IGNORED
+        self,
+        shutdown: anyio.Event,
+        *,
+        task_status: anyio.abc.TaskStatus[Running] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Serve until ``shutdown`` is set, then drain and stop."""
         s = self.settings
@@ -121,12 +127,12 @@ class Container:
                 task_status.started(running)
                 await shutdown.wait()
                 for app in running.apps.values():
-                    app.state.draining = True  # type: ignore[attr-defined]
+                    app.state.draining = True
             roles.cancel_scope.cancel()
 
 
 async def _serve(
-    app: object,
+    app: Starlette,
     host: str,
     port: int,
     shutdown: anyio.Event,
@@ -135,4 +141,6 @@ async def _serve(
     *,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    await serve_app(app, host, port, shutdown, name=name, graceful_timeout_s=drain_s, task_status=task_status)  # type: ignore[arg-type]
+    await serve_app(
+        app, host, port, shutdown, name=name, graceful_timeout_s=drain_s, task_status=task_status
+    )

@@ -59,11 +59,13 @@ class ServeSettings(BaseModel):
     @field_validator("roles", mode="before")
     @classmethod
     def _roles(cls, v: object) -> tuple[str, ...]:
-        items = [r.strip() for r in v.split(",")] if isinstance(v, str) else [str(r).strip() for r in v]  # type: ignore[attr-defined]
-        items = [r for r in items if r]
+        raw = v.split(",") if isinstance(v, str) else [str(r) for r in v]  # type: ignore[attr-defined]
+        items = [r.strip() for r in raw if r.strip()]
         bad = [r for r in items if r not in ROLES]
         if bad or not items:
-            raise ValueError(f"roles must be a non-empty subset of {','.join(ROLES)}; got {bad or 'nothing'}")
+            raise ValueError(
+                f"roles must be a non-empty subset of {','.join(ROLES)}; got {bad or 'nothing'}"
+            )
         return tuple(dict.fromkeys(items))
 
     @field_validator("preload", mode="before")

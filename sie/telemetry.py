@@ -19,18 +19,35 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.requests = Counter(
-            "sie_requests_total", "HTTP inference requests", ["endpoint", "model", "status"], registry=self.registry
+            "sie_requests_total",
+            "HTTP inference requests",
+            ["endpoint", "model", "status"],
+            registry=self.registry,
         )
         self.request_duration = Histogram(
-            "sie_request_duration_seconds", "HTTP inference request duration (seconds)", ["endpoint"], registry=self.registry
+            "sie_request_duration_seconds",
+            "HTTP inference request duration (seconds)",
+            ["endpoint"],
+            registry=self.registry,
         )
         self.batch_size = Histogram(
-            "sie_batch_size", "Items per engine call", ["model"], registry=self.registry,
+            "sie_batch_size",
+            "Items per engine call",
+            ["model"],
+            registry=self.registry,
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
         )
-        self.tokens = Counter("sie_tokens_processed_total", "Tokens run through engines", ["model"], registry=self.registry)
+        self.tokens = Counter(
+            "sie_tokens_processed_total",
+            "Tokens run through engines",
+            ["model"],
+            registry=self.registry,
+        )
         self.work_items = Counter(
-            "sie_worker_items_total", "Work items settled by workers", ["model", "outcome"], registry=self.registry
+            "sie_worker_items_total",
+            "Work items settled by workers",
+            ["model", "outcome"],
+            registry=self.registry,
         )
 
 

@@ -1,1 +1,1 @@
-"""Config authority and config sync (architecture §3–§9): seed loading for now."""
+"""Config authority and config sync (architecture §3-§9): seed loading for now."""

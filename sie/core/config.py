@@ -48,11 +48,11 @@ def validate_model_id(model_id: str) -> str:
         ConfigError: on ``..``/``\\``, a regex mismatch, or ``status``/``*/status``.
     """
     if ".." in model_id or "\\" in model_id:
-        raise ConfigError(f"sie_id {model_id!r}: path traversal ('..' or '\\') is not allowed", field="sie_id")
-    if not MODEL_ID_RE.match(model_id):
         raise ConfigError(
-            f"sie_id {model_id!r} must match {MODEL_ID_RE.pattern}", field="sie_id"
+            f"sie_id {model_id!r}: path traversal ('..' or '\\') is not allowed", field="sie_id"
         )
+    if not MODEL_ID_RE.match(model_id):
+        raise ConfigError(f"sie_id {model_id!r} must match {MODEL_ID_RE.pattern}", field="sie_id")
     if model_id == "status" or model_id.endswith("/status"):
         raise ConfigError(f"sie_id {model_id!r} must not be or end in 'status'", field="sie_id")
     return model_id
@@ -173,14 +173,18 @@ class ModelConfig(_Strict):
     def _check(self) -> ModelConfig:
         if self.package_backed:
             if self.hf_id or self.weights_path or self.hf_revision:
-                raise ValueError("package_backed models must not set hf_id, hf_revision or weights_path")
+                raise ValueError(
+                    "package_backed models must not set hf_id, hf_revision or weights_path"
+                )
         elif not (self.hf_id or self.weights_path):
             raise ValueError("one of hf_id, weights_path or package_backed is required")
         if DEFAULT_PROFILE not in self.profiles:
             raise ValueError("profiles must contain 'default'")
         for name, p in self.profiles.items():
             if ":" in name or not name:
-                raise ValueError(f"profiles.{name}: profile names must be non-empty and contain no ':'")
+                raise ValueError(
+                    f"profiles.{name}: profile names must be non-empty and contain no ':'"
+                )
             if p.extends is None:
                 if p.adapter_path is None or p.max_batch_tokens is None:
                     raise ValueError(
@@ -191,7 +195,9 @@ class ModelConfig(_Strict):
                 if parent is None:
                     raise ValueError(f"profiles.{name}.extends: no profile named {p.extends!r}")
                 if parent.extends is not None:
-                    raise ValueError(f"profiles.{name}.extends: {p.extends!r} itself extends (no chaining)")
+                    raise ValueError(
+                        f"profiles.{name}.extends: {p.extends!r} itself extends (no chaining)"
+                    )
         return self
 
     @property
@@ -311,7 +317,9 @@ def _explain(exc: ValidationError, what: str) -> ConfigError:
     return ConfigError(f"{what}: " + "; ".join(parts), errors=parts)
 
 
-def parse_model_config(data: dict[str, Any] | str | bytes, *, what: str = "model config") -> ModelConfig:
+def parse_model_config(
+    data: dict[str, Any] | str | bytes, *, what: str = "model config"
+) -> ModelConfig:
     """Validate a model config mapping (or YAML text).
 
     Raises:

@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sie.core.config import Bundle, ModelConfig, adapter_module
+from sie.core.config import Bundle, ModelConfig
 
 __all__ = [
     "bundle_config_hash",
@@ -47,7 +47,9 @@ def canonicalize_adapter_options(opts: Any) -> Any:
     return opts
 
 
-def bundle_document(configs: Iterable[ModelConfig], bundle: Bundle, pool: str | None = None) -> list[dict[str, Any]]:
+def bundle_document(
+    configs: Iterable[ModelConfig], bundle: Bundle, pool: str | None = None
+) -> list[dict[str, Any]]:
     """The canonical structure hashed for ``bundle`` (optionally only models of ``pool``)."""
     doc: list[dict[str, Any]] = []
     for cfg in sorted(configs, key=lambda c: c.sie_id):
@@ -76,7 +78,9 @@ def bundle_document(configs: Iterable[ModelConfig], bundle: Bundle, pool: str | 
     return doc
 
 
-def bundle_config_hash(configs: Iterable[ModelConfig], bundle: Bundle, pool: str | None = None) -> str:
+def bundle_config_hash(
+    configs: Iterable[ModelConfig], bundle: Bundle, pool: str | None = None
+) -> str:
     """SHA-256 hex of ``bundle_document``; ``""`` when no model matches the bundle."""
     doc = bundle_document(configs, bundle, pool)
     return _sha(doc) if doc else ""

@@ -70,7 +70,9 @@ class RegistrySnapshot:
         return tuple(b.name for b in hits)
 
 
-def _entries_for(snapshot_bundles: Mapping[str, Bundle], config: ModelConfig) -> dict[str, ModelEntry]:
+def _entries_for(
+    snapshot_bundles: Mapping[str, Bundle], config: ModelConfig
+) -> dict[str, ModelEntry]:
     probe = RegistrySnapshot(bundles=snapshot_bundles)
     out: dict[str, ModelEntry] = {}
     for name in config.profiles:

@@ -42,7 +42,11 @@ def work_subject(pool: str, machine_profile: str, bundle: str, model_id: str) ->
 
 def lane_filter(pool: str, machine_profile: str, bundle: str) -> str:
     """A worker's consumer filter: ``sie.work.{pool}.{machine_profile}.{bundle}.*``."""
-    return "sie.work." + ".".join(normalize_model_id(t) for t in (pool, machine_profile, bundle)) + ".*"
+    return (
+        "sie.work."
+        + ".".join(normalize_model_id(t) for t in (pool, machine_profile, bundle))
+        + ".*"
+    )
 
 
 def stream_name(pool: str) -> str:

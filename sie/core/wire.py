@@ -72,13 +72,18 @@ def packb(obj: Any) -> bytes:
 
 
 def _nd_hook(obj: dict[Any, Any]) -> Any:
-    nd = obj.get(b"nd", obj.get("nd")) if len(obj) in (4, 5) else None
-    if nd is None:
+    if len(obj) not in (4, 5):
         return obj
-    get = (lambda k: obj.get(k.encode(), obj.get(k))) if b"nd" in obj else obj.get
+    bin_keys = b"nd" in obj
+    if not bin_keys and "nd" not in obj:
+        return obj
+
+    def get(key: str) -> Any:
+        return obj.get(key.encode()) if bin_keys else obj.get(key)
+
     dtype = np.dtype(get("type"))
-    data = get("data")
-    if nd is True:
+    data: bytes = get("data")
+    if get("nd") is True:
         return np.frombuffer(data, dtype=dtype).reshape(get("shape"))
     return np.frombuffer(data, dtype=dtype)[0]
 
@@ -109,7 +114,12 @@ def to_jsonable(obj: Any) -> Any:
 
 
 T = TypeVar("T", bound="_Message")
-_BASIC: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "bool": bool, "float": (int, float)}
+_BASIC: dict[str, type | tuple[type, ...]] = {
+    "str": str,
+    "int": int,
+    "bool": bool,
+    "float": (int, float),
+}
 
 
 @dataclass(slots=True)
@@ -130,7 +140,9 @@ class _Message:
         for f in fields(cls):
             want = _BASIC.get(str(f.type))
             if want is not None and f.name in data and not isinstance(data[f.name], want):
-                raise WireError(f"{cls.__name__}.{f.name}: expected {f.type}, got {type(data[f.name]).__name__}")
+                raise WireError(
+                    f"{cls.__name__}.{f.name}: expected {f.type}, got {type(data[f.name]).__name__}"
+                )
         try:
             return cls(**{k: v for k, v in data.items() if k in names})
         except TypeError as exc:

@@ -67,7 +67,9 @@ class EncodeEngine(Protocol):
 
 
 class EngineFactory(Protocol):
-    def __call__(self, config: ModelConfig, profile: ResolvedProfile, device: str) -> EncodeEngine: ...
+    def __call__(
+        self, config: ModelConfig, profile: ResolvedProfile, device: str
+    ) -> EncodeEngine: ...
 
 
 def load_engine_class(adapter_path: str, allowed_modules: Sequence[str]) -> EngineFactory:
@@ -93,5 +95,7 @@ def load_engine_class(adapter_path: str, allowed_modules: Sequence[str]) -> Engi
         ) from exc
     factory = getattr(module, cls_name, None)
     if factory is None:
-        raise ModelLoadFailed(f"{module_name!r} has no class {cls_name!r}", error_class="NOT_FOUND", permanent=True)
+        raise ModelLoadFailed(
+            f"{module_name!r} has no class {cls_name!r}", error_class="NOT_FOUND", permanent=True
+        )
     return factory  # type: ignore[no-any-return]

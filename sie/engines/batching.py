@@ -129,9 +129,14 @@ class TokenBudgetBatcher(Generic[P, R]):
         return batch
 
     def _full(self) -> bool:
-        return len(self._queue) >= self.max_batch_requests or sum(p.cost for p in self._queue) >= self.max_batch_tokens
+        return (
+            len(self._queue) >= self.max_batch_requests
+            or sum(p.cost for p in self._queue) >= self.max_batch_tokens
+        )
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """The batching loop; run it in a task group until cancelled."""
         task_status.started()
         while True:
@@ -162,7 +167,9 @@ class TokenBudgetBatcher(Generic[P, R]):
                     self._run_batch, key, [p.payload for p in items], limiter=self._limiter
                 )
                 if len(results) != len(items):
-                    raise RuntimeError(f"engine returned {len(results)} results for {len(items)} items")
+                    raise RuntimeError(
+                        f"engine returned {len(results)} results for {len(items)} items"
+                    )
             except Exception as exc:
                 for p in items:
                     p.error = exc

@@ -80,7 +80,9 @@ class ModelCache:
         self._slots: dict[str, _Slot] = {}
         self._tg: anyio.abc.TaskGroup | None = None
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -98,7 +100,10 @@ class ModelCache:
         for name, slot in sorted(self._slots.items()):
             d: dict[str, Any] = {"name": name, "state": slot.state}
             if slot.error is not None:
-                d["last_error"] = {**slot.error.to_detail(), "permanent": slot.error.fields.get("permanent", True)}
+                d["last_error"] = {
+                    **slot.error.to_detail(),
+                    "permanent": slot.error.fields.get("permanent", True),
+                }
             out.append(d)
         return out
 
@@ -140,7 +145,9 @@ class ModelCache:
             slot.state, slot.error = "failed", exc
         except Exception as exc:
             slot.state = "failed"
-            slot.error = ModelLoadFailed(f"loading {entry.model_id!r} failed: {exc}", error_class="UNKNOWN", permanent=True)
+            slot.error = ModelLoadFailed(
+                f"loading {entry.model_id!r} failed: {exc}", error_class="UNKNOWN", permanent=True
+            )
         else:
             on_batch = self._on_batch
             batcher: TokenBudgetBatcher[Any, Any] = TokenBudgetBatcher(
@@ -163,7 +170,9 @@ class ModelCache:
 
     @staticmethod
     async def _run_batcher(
-        batcher: TokenBudgetBatcher[Any, Any], *, task_status: anyio.abc.TaskStatus[anyio.CancelScope]
+        batcher: TokenBudgetBatcher[Any, Any],
+        *,
+        task_status: anyio.abc.TaskStatus[anyio.CancelScope],
     ) -> None:
         with anyio.CancelScope() as scope:
             task_status.started(scope)

@@ -20,7 +20,9 @@ from sie.engines.weights import resolve_weights
 __all__ = ["DenseEncoder", "apply_template"]
 
 
-def apply_template(text: str, instruction: str | None, is_query: bool, options: Mapping[str, Any]) -> str:
+def apply_template(
+    text: str, instruction: str | None, is_query: bool, options: Mapping[str, Any]
+) -> str:
     """Reference §3.1 templates: ``query_template`` when ``is_query``, else
     ``doc_template``; without a template a non-empty instruction is prefixed."""
     template = options.get("query_template" if is_query else "doc_template")
@@ -47,7 +49,9 @@ class DenseEncoder:
             from sentence_transformers import SentenceTransformer
         except ImportError as exc:
             raise ModelLoadFailed(
-                "sentence-transformers is not installed (pip install 'sie[st]')", error_class="DEPENDENCY", permanent=True
+                "sentence-transformers is not installed (pip install 'sie[st]')",
+                error_class="DEPENDENCY",
+                permanent=True,
             ) from exc
         try:
             model = SentenceTransformer(
@@ -57,9 +61,15 @@ class DenseEncoder:
                 local_files_only=True,
             )
         except Exception as exc:  # library raises OSError/ValueError/RuntimeError variously
-            raise ModelLoadFailed(f"loading {self.config.sie_id!r} from {str(path)!r} failed: {exc}", error_class="UNKNOWN", permanent=True) from exc
+            raise ModelLoadFailed(
+                f"loading {self.config.sie_id!r} from {str(path)!r} failed: {exc}",
+                error_class="UNKNOWN",
+                permanent=True,
+            ) from exc
         if self.config.max_sequence_length:
-            model.max_seq_length = min(self.config.max_sequence_length, model.max_seq_length or 10**9)
+            model.max_seq_length = min(
+                self.config.max_sequence_length, model.max_seq_length or 10**9
+            )
         model.eval()
         self._model = model
         self._tokenizer = model.tokenizer
@@ -74,7 +84,10 @@ class DenseEncoder:
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         enc = self._tokenizer(
-            list(texts), truncation=True, max_length=self._model.max_seq_length, add_special_tokens=True
+            list(texts),
+            truncation=True,
+            max_length=self._model.max_seq_length,
+            add_special_tokens=True,
         )["input_ids"]
         return [max(1, len(ids)) for ids in enc]
 

@@ -50,13 +50,16 @@ def resolve_weights(config: ModelConfig) -> Path:
         try:
             from huggingface_hub import snapshot_download
 
-            return Path(snapshot_download(config.hf_id, revision=config.hf_revision, local_files_only=True))
+            return Path(
+                snapshot_download(config.hf_id, revision=config.hf_revision, local_files_only=True)
+            )
         except ImportError:
             tried.append("Hugging Face cache: huggingface_hub not installed")
         except Exception as exc:  # huggingface_hub raises several unrelated types here
             tried.append(f"Hugging Face cache {config.hf_id!r}: {type(exc).__name__}")
     raise ModelLoadFailed(
-        f"cannot find weights for {config.sie_id!r}; tried: " + "; ".join(tried or ["nothing configured"]),
+        f"cannot find weights for {config.sie_id!r}; tried: "
+        + "; ".join(tried or ["nothing configured"]),
         error_class="NOT_FOUND",
         permanent=True,
         tried=tried,

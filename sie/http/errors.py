@@ -19,7 +19,13 @@ from starlette.responses import JSONResponse, Response
 
 from sie.core.errors import SieError
 
-__all__ = ["error_headers", "http_exception_handler", "openai_error", "sie_error_handler", "unexpected_error_handler"]
+__all__ = [
+    "error_headers",
+    "http_exception_handler",
+    "openai_error",
+    "sie_error_handler",
+    "unexpected_error_handler",
+]
 
 log = logging.getLogger(__name__)
 

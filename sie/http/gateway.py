@@ -51,7 +51,11 @@ class VersionHeaders:
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 v = __version__.encode()
-                message["headers"] = [*message.get("headers", []), (b"x-sie-version", v), (b"x-sie-server-version", v)]
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (b"x-sie-version", v),
+                    (b"x-sie-server-version", v),
+                ]
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
@@ -82,7 +86,9 @@ async def encode(request: Request) -> Response:
         req: EncodeRequest = validate(EncodeRequest, payload)
         entry, _ = gateway.registry.resolve(model)
         params = req.params
-        output_types = list(params.output_types) if params and params.output_types else None
+        output_types = (
+            [str(t) for t in params.output_types] if params and params.output_types else None
+        )
         wanted = output_types or entry.profile.runtime.get("output_types") or ["dense"]
         unsupported = [t for t in wanted if t not in entry.config.outputs]
         if unsupported:
@@ -92,9 +98,16 @@ async def encode(request: Request) -> Response:
             )
         for i, item in enumerate(req.items):
             if item.text is None:
-                raise InvalidInput(f"items[{i}].text: required for model {model!r} (text input)", field=f"items[{i}].text")
+                raise InvalidInput(
+                    f"items[{i}].text: required for model {model!r} (text input)",
+                    field=f"items[{i}].text",
+                )
         options = dict(params.options or {}) if params else {}
-        is_query = params.is_query if params and params.is_query is not None else options.pop("is_query", None)
+        is_query = (
+            params.is_query
+            if params and params.is_query is not None
+            else options.pop("is_query", None)
+        )
         collected = await gateway.encode(
             model,
             [{"text": item.text} for item in req.items],
@@ -111,7 +124,9 @@ async def encode(request: Request) -> Response:
             out.update(gateway.decode_result(result))
             items_out.append(out)
         status = "200"
-        return render(request, {"model": model, "items": items_out}, headers=_timing_headers(collected))
+        return render(
+            request, {"model": model, "items": items_out}, headers=_timing_headers(collected)
+        )
     except SieError as exc:
         status = str(exc.status)
         raise
@@ -149,7 +164,10 @@ async def list_models(request: Request) -> Response:
     return JSONResponse(
         {
             "object": "list",
-            "data": [{"id": e.model_id, "object": "model", "created": created, "owned_by": "sie"} for e in entries],
+            "data": [
+                {"id": e.model_id, "object": "model", "created": created, "owned_by": "sie"}
+                for e in entries
+            ],
             "models": [model_info(e, gateway) for e in entries],
         }
     )
@@ -190,7 +208,9 @@ async def health(request: Request) -> Response:
             "uptime_s": round(now - gateway.started_at, 3),
             "cluster": {
                 "worker_count": len(workers),
-                "models_loaded": sum(1 for m in models.values() if "loaded" in m["states"].values()),
+                "models_loaded": sum(
+                    1 for m in models.values() if "loaded" in m["states"].values()
+                ),
             },
             "workers": [
                 {
@@ -211,7 +231,9 @@ async def health(request: Request) -> Response:
 
 
 async def metrics_endpoint(request: Request) -> Response:
-    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(
+        generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
+    )
 
 
 def build_gateway_app(gateway: GatewayRole, metrics: Metrics = METRICS) -> Starlette:

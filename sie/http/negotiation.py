@@ -70,20 +70,28 @@ def validate(model: type[BaseModel], payload: Any) -> Any:
         errors = exc.errors(include_url=False)
         msgs = []
         for e in errors:
-            loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith(("function-", "literal["))))
+            loc = tuple(
+                p
+                for p in e["loc"]
+                if not (isinstance(p, str) and p.startswith(("function-", "literal[")))
+            )
             msg = e["msg"]
             if e["type"] == "too_short" and loc and loc[-1] == "items":
                 msg = "must not be empty"
             msgs.append((_loc(loc), msg))
         field, first = msgs[0]
-        raise InvalidInput(f"{field}: {first}", field=field, errors=[f"{f}: {m}" for f, m in msgs]) from exc
+        raise InvalidInput(
+            f"{field}: {first}", field=field, errors=[f"{f}: {m}" for f, m in msgs]
+        ) from exc
 
 
 def wants_msgpack(request: Request) -> bool:
     return "msgpack" in request.headers.get("accept", "")
 
 
-def render(request: Request, payload: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
+def render(
+    request: Request, payload: dict[str, Any], headers: dict[str, str] | None = None
+) -> Response:
     """Encode a successful response per ``Accept``."""
     if wants_msgpack(request):
         return Response(packb(payload), media_type=MSGPACK, headers=headers)

@@ -65,8 +65,12 @@ async def embeddings(request: Request) -> Response:
                 field="dimensions",
             )
         if dims > native:
-            raise InvalidInput(f"dimensions: must be at most {native} for model {req.model!r}", field="dimensions")
-    collected = await gateway.encode(req.model, [{"text": t} for t in texts], output_types=["dense"], is_query=False)
+            raise InvalidInput(
+                f"dimensions: must be at most {native} for model {req.model!r}", field="dimensions"
+            )
+    collected = await gateway.encode(
+        req.model, [{"text": t} for t in texts], output_types=["dense"], is_query=False
+    )
     data = []
     for i, result in enumerate(collected.results):
         vec = np.asarray(gateway.decode_result(result)["dense"]["values"], dtype=np.float32)

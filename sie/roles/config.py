@@ -24,7 +24,9 @@ class ConfigRole:
         self.registry = registry
         self.epoch = 0
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         task_status.started()
         await anyio.sleep_forever()
 
@@ -46,7 +48,9 @@ class ConfigRole:
     def epoch_info(self) -> dict[str, Any]:
         """``{epoch, bundles_hash, bundle_config_hashes_hash}`` (architecture §4.1)."""
         snap = self.registry.snapshot
-        hashes = {name: bundle_config_hash(snap.configs.values(), b) for name, b in snap.bundles.items()}
+        hashes = {
+            name: bundle_config_hash(snap.configs.values(), b) for name, b in snap.bundles.items()
+        }
         return {
             "epoch": self.epoch,
             "bundles_hash": bundles_hash(snap.bundles.values()),

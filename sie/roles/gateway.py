@@ -48,7 +48,13 @@ def uuid7() -> str:
     """A time-ordered UUIDv7 string (RFC 9562), the gateway's request id format."""
     ms = time.time_ns() // 1_000_000
     rand = int.from_bytes(os.urandom(10), "big")
-    value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | ((rand >> 62) & 0xFFF) << 64 | 0b10 << 62 | (rand & ((1 << 62) - 1))
+    value = (
+        (ms & ((1 << 48) - 1)) << 80
+        | 0x7 << 76
+        | ((rand >> 62) & 0xFFF) << 64
+        | 0b10 << 62
+        | (rand & ((1 << 62) - 1))
+    )
     return str(uuid.UUID(int=value))
 
 
@@ -109,7 +115,9 @@ class GatewayRole:
         self.workers: dict[str, WorkerView] = {}
         self.started_at = time.time()
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         inbox = await self.bus.subscribe(inbox_wildcard(self.router_id))
         health = await self.bus.subscribe(HEALTH_WILDCARD)
         try:
@@ -150,7 +158,9 @@ class GatewayRole:
         """Workers heard from within three heartbeat intervals."""
         now = time.monotonic()
         return [
-            w.heartbeat for w in self.workers.values() if now - w.seen_at <= 3 * max(w.heartbeat.interval_s, 0.1)
+            w.heartbeat
+            for w in self.workers.values()
+            if now - w.seen_at <= 3 * max(w.heartbeat.interval_s, 0.1)
         ]
 
     def model_state(self, model_id: str) -> tuple[str, dict[str, Any] | None]:
@@ -170,7 +180,9 @@ class GatewayRole:
     async def _ensure_stream(self, pool: str) -> None:
         if pool not in self._streams:
             s = self.settings
-            await self.bus.add_stream(work_stream_config(pool, max_msgs=s.stream_max_msgs, max_age_s=s.stream_max_age_s))
+            await self.bus.add_stream(
+                work_stream_config(pool, max_msgs=s.stream_max_msgs, max_age_s=s.stream_max_age_s)
+            )
             self._streams.add(pool)
 
     async def encode(
@@ -261,7 +273,9 @@ class GatewayRole:
         try:
             await self.bus.js_publish(subject, data, msg_id=wi.work_item_id)
         except StreamFullError as exc:
-            raise Backpressure(f"work queue for pool {wi.pool_name!r} is full; retry later") from exc
+            raise Backpressure(
+                f"work queue for pool {wi.pool_name!r} is full; retry later"
+            ) from exc
         except NoStreamError:
             self._streams.discard(wi.pool_name)  # stream deleted under us: recreate once
             await self._ensure_stream(wi.pool_name)
@@ -277,7 +291,9 @@ class GatewayRole:
             raise error_for_code(failed[0].error_code, failed[0].error or "worker error")
         raise InferenceError(
             f"{len(failed)} of {len(results)} items failed",
-            details=[{"item_index": r.item_index, "code": r.error_code, "error": r.error} for r in failed],
+            details=[
+                {"item_index": r.item_index, "code": r.error_code, "error": r.error} for r in failed
+            ],
         )
 
     @staticmethod

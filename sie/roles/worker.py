@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.abc
@@ -41,9 +41,15 @@ def encode_batch_fn(engine: EncodeEngine) -> Any:
     """The batcher's ``run_batch`` for encode: one engine call per config group."""
 
     def run(key: Hashable, texts: Sequence[str]) -> list[dict[str, np.ndarray]]:
-        output_types, instruction, is_query, options = key  # type: ignore[misc]
+        output_types, instruction, is_query, options = cast(
+            tuple[tuple[str, ...], str | None, bool, tuple[tuple[str, Any], ...]], key
+        )
         out = engine.encode(
-            texts, output_types=output_types, instruction=instruction, is_query=is_query, options=dict(options)
+            texts,
+            output_types=output_types,
+            instruction=instruction,
+            is_query=is_query,
+            options=dict(options),
         )
         return [{k: v[i] for k, v in out.items()} for i in range(len(texts))]
 
@@ -64,7 +70,9 @@ def _freeze(options: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
 class WorkerRole:
     """Consumes one lane and serves every model of its bundle."""
 
-    def __init__(self, bus: Bus, registry: ModelRegistry, settings: ServeSettings, metrics: Metrics = METRICS) -> None:
+    def __init__(
+        self, bus: Bus, registry: ModelRegistry, settings: ServeSettings, metrics: Metrics = METRICS
+    ) -> None:
         self.bus = bus
         self.registry = registry
         self.settings = settings
@@ -88,12 +96,16 @@ class WorkerRole:
         self.metrics.batch_size.labels(model).observe(n)
         self.metrics.tokens.labels(model).inc(tokens)
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Ensure the stream and consumer, preload, then serve until cancelled."""
         s = self.settings
         if s.bundle not in self.registry.snapshot.bundles:
             raise SieError(f"worker bundle {s.bundle!r} is not among the loaded bundles")
-        await self.bus.add_stream(work_stream_config(s.pool, max_msgs=s.stream_max_msgs, max_age_s=s.stream_max_age_s))
+        await self.bus.add_stream(
+            work_stream_config(s.pool, max_msgs=s.stream_max_msgs, max_age_s=s.stream_max_age_s)
+        )
         consumer = await self.bus.pull_consumer(
             stream_name(s.pool),
             ConsumerConfig(
@@ -161,7 +173,9 @@ class WorkerRole:
         try:
             await self.bus.publish(item.reply_subject, result.to_bytes())
         except BusError as exc:
-            log.warning("cannot publish result of %s (%s); NAK for redelivery", item.work_item_id, exc)
+            log.warning(
+                "cannot publish result of %s (%s); NAK for redelivery", item.work_item_id, exc
+            )
             await msg.nak(1.0)
             return
         await msg.ack()
@@ -181,26 +195,40 @@ class WorkerRole:
     def _entry(self, item: WorkItem) -> ModelEntry:
         entry = self.registry.snapshot.entries.get(item.model_id)
         if entry is None or self.settings.bundle not in entry.bundles:
-            raise ModelNotFound(f"model {item.model_id!r} is not served by bundle {self.settings.bundle!r}")
+            raise ModelNotFound(
+                f"model {item.model_id!r} is not served by bundle {self.settings.bundle!r}"
+            )
         return entry
 
     async def _execute(self, item: WorkItem) -> WorkResult:
         if item.operation != "encode":
-            raise InvalidInput(f"operation {item.operation!r} is not supported by this worker", field="operation")
+            raise InvalidInput(
+                f"operation {item.operation!r} is not supported by this worker", field="operation"
+            )
         entry = self._entry(item)
         text = (item.item or {}).get("text")
         if not isinstance(text, str):
-            raise InvalidInput(f"items[{item.item_index}].text must be a string", field=f"items[{item.item_index}].text")
+            raise InvalidInput(
+                f"items[{item.item_index}].text must be a string",
+                field=f"items[{item.item_index}].text",
+            )
         options = {**entry.profile.runtime, **(item.options or {})}
         output_types = tuple(sorted(item.output_types or options.get("output_types") or ["dense"]))
         loaded = await self.models.get(entry)
-        unsupported = [t for t in output_types if t not in loaded.engine.outputs or t not in entry.config.outputs]
+        unsupported = [
+            t
+            for t in output_types
+            if t not in loaded.engine.outputs or t not in entry.config.outputs
+        ]
         if unsupported:
             raise InvalidInput(
-                f"model {item.model_id!r} does not produce output type(s) {unsupported}", field="params.output_types"
+                f"model {item.model_id!r} does not produce output type(s) {unsupported}",
+                field="params.output_types",
             )
         instruction = item.instruction or options.get("instruction")
-        is_query = bool(item.is_query if item.is_query is not None else options.get("is_query", False))
+        is_query = bool(
+            item.is_query if item.is_query is not None else options.get("is_query", False)
+        )
         t_tok = time.monotonic()
         tokens = loaded.engine.count_tokens([text])[0]
         tokenization_ms = (time.monotonic() - t_tok) * 1000.0
@@ -208,7 +236,11 @@ class WorkerRole:
         vectors, stats = await loaded.batcher.submit(text, tokens, key)
         dims = entry.config.dims
         blob = {
-            t: {"dims": int(dims.get(t, vectors[t].shape[-1])), "dtype": "float32", "values": vectors[t]}
+            t: {
+                "dims": int(dims.get(t, vectors[t].shape[-1])),
+                "dtype": "float32",
+                "values": vectors[t],
+            }
             for t in output_types
         }
         queue_ms = max(0.0, (time.time() - item.timestamp) * 1000.0 - stats.inference_s * 1000.0)

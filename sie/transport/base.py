@@ -175,7 +175,13 @@ class PullConsumer(Protocol):
 class Bus(Protocol):
     """The message bus port. Implementations are async context managers."""
 
-    async def publish(self, subject: str, data: bytes, headers: Mapping[str, str] | None = None) -> None:
+    async def __aenter__(self) -> Bus: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+    async def publish(
+        self, subject: str, data: bytes, headers: Mapping[str, str] | None = None
+    ) -> None:
         """Core publish (fire-and-forget). Raises ``BusError`` when disconnected."""
         ...
 
@@ -192,7 +198,12 @@ class Bus(Protocol):
         ...
 
     async def js_publish(
-        self, subject: str, data: bytes, *, msg_id: str | None = None, headers: Mapping[str, str] | None = None
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        msg_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> PubAck:
         """Store a message. Raises ``NoStreamError`` or ``StreamFullError``."""
         ...
@@ -202,10 +213,16 @@ class Bus(Protocol):
         ...
 
 
-
-def work_stream_config(pool: str, *, max_msgs: int = 100_000, max_age_s: float = 1800.0) -> StreamConfig:
+def work_stream_config(
+    pool: str, *, max_msgs: int = 100_000, max_age_s: float = 1800.0
+) -> StreamConfig:
     """``WORK_POOL_{pool}`` capturing ``sie.work.{pool}.*.*.*`` (architecture §8.2).
 
     Gateway and worker both ensure it with the same settings so neither wins a race.
     """
-    return StreamConfig(name=stream_name(pool), subjects=stream_subjects(pool), max_msgs=max_msgs, max_age_s=max_age_s)
+    return StreamConfig(
+        name=stream_name(pool),
+        subjects=stream_subjects(pool),
+        max_msgs=max_msgs,
+        max_age_s=max_age_s,
+    )

@@ -168,7 +168,11 @@ class _MemJsMsg:
     async def in_progress(self) -> None:
         s = self._live()
         if s is not None and s.in_flight:
-            cons = [c for c in self._stream.consumers.values() if subject_matches(c.config.filter_subject, s.subject)]
+            cons = [
+                c
+                for c in self._stream.consumers.values()
+                if subject_matches(c.config.filter_subject, s.subject)
+            ]
             wait = cons[0].config.ack_wait_s if cons else 30.0
             s.available_at = time.monotonic() + wait
 
@@ -182,7 +186,9 @@ class _MemPullConsumer:
     def _parts(self) -> tuple[_Stream, _Consumer]:
         stream = self._bus._streams.get(self._stream_name)
         if stream is None or self._durable not in stream.consumers:
-            raise BusError(f"consumer {self._durable!r} on stream {self._stream_name!r} no longer exists")
+            raise BusError(
+                f"consumer {self._durable!r} on stream {self._stream_name!r} no longer exists"
+            )
         return stream, stream.consumers[self._durable]
 
     async def fetch(self, batch: int, timeout_s: float) -> list[JsMsg]:
@@ -219,7 +225,12 @@ class _MemPullConsumer:
                 await self._bus.publish(
                     f"{ADVISORY_MAX_DELIVERIES}.{stream.config.name}.{cfg.durable}",
                     json.dumps(
-                        {"stream": stream.config.name, "consumer": cfg.durable, "stream_seq": m.seq, "deliveries": m.delivered}
+                        {
+                            "stream": stream.config.name,
+                            "consumer": cfg.durable,
+                            "stream_seq": m.seq,
+                            "deliveries": m.delivered,
+                        }
                     ).encode(),
                 )
             if out:
@@ -268,7 +279,9 @@ class MemoryBus:
         if self._closed:
             raise BusError("bus is closed")
 
-    async def publish(self, subject: str, data: bytes, headers: Mapping[str, str] | None = None) -> None:
+    async def publish(
+        self, subject: str, data: bytes, headers: Mapping[str, str] | None = None
+    ) -> None:
         self._check()
         msg = Msg(subject, bytes(data), headers)
         for sub in list(self._subs):
@@ -283,7 +296,9 @@ class MemoryBus:
 
     def _info(self, stream: _Stream) -> StreamInfo:
         stream.expire(time.monotonic())
-        return StreamInfo(stream.config.name, len(stream.msgs), len(stream.consumers), stream.config)
+        return StreamInfo(
+            stream.config.name, len(stream.msgs), len(stream.consumers), stream.config
+        )
 
     async def add_stream(self, config: StreamConfig) -> StreamInfo:
         self._check()
@@ -307,11 +322,21 @@ class MemoryBus:
         return self._info(stream)
 
     async def js_publish(
-        self, subject: str, data: bytes, *, msg_id: str | None = None, headers: Mapping[str, str] | None = None
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        msg_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> PubAck:
         self._check()
         stream = next(
-            (s for s in self._streams.values() if any(subject_matches(p, subject) for p in s.config.subjects)), None
+            (
+                s
+                for s in self._streams.values()
+                if any(subject_matches(p, subject) for p in s.config.subjects)
+            ),
+            None,
         )
         if stream is None:
             raise NoStreamError(f"no stream captures subject {subject!r}")
@@ -320,7 +345,9 @@ class MemoryBus:
         if msg_id is not None and msg_id in stream.dedupe:
             return PubAck(stream.config.name, stream.dedupe[msg_id][0], duplicate=True)
         if len(stream.msgs) >= stream.config.max_msgs:
-            raise StreamFullError(f"stream {stream.config.name!r} is full ({stream.config.max_msgs} messages)")
+            raise StreamFullError(
+                f"stream {stream.config.name!r} is full ({stream.config.max_msgs} messages)"
+            )
         seq = stream.next_seq
         stream.next_seq += 1
         stream.msgs[seq] = _Stored(seq, subject, bytes(data), headers, now)

@@ -35,7 +35,11 @@ async def bus(request: pytest.FixtureRequest) -> AsyncIterator[Bus]:
 
 
 def cfg(**kw: object) -> ConsumerConfig:
-    base: dict[str, object] = {"durable": "c1", "filter_subject": "sie.work.default.l4.default.*", "ack_wait_s": 30.0}
+    base: dict[str, object] = {
+        "durable": "c1",
+        "filter_subject": "sie.work.default.l4.default.*",
+        "ack_wait_s": 30.0,
+    }
     base.update(kw)
     return ConsumerConfig(**base)  # type: ignore[arg-type]
 
@@ -202,11 +206,17 @@ async def test_max_deliver_stops_redelivery_with_advisory(bus: Bus) -> None:
     adv = await advisories.next_msg(2.0)
     assert adv.subject.endswith(".WORK_POOL_default.c1")
     body = json.loads(adv.data)
-    assert body["stream"] == "WORK_POOL_default" and body["consumer"] == "c1" and body["deliveries"] == 2
+    assert (
+        body["stream"] == "WORK_POOL_default"
+        and body["consumer"] == "c1"
+        and body["deliveries"] == 2
+    )
 
 
 async def test_max_msgs_discard_new(bus: Bus) -> None:
-    await bus.add_stream(StreamConfig(name="WORK_POOL_tiny", subjects=["sie.work.tiny.*.*.*"], max_msgs=2))
+    await bus.add_stream(
+        StreamConfig(name="WORK_POOL_tiny", subjects=["sie.work.tiny.*.*.*"], max_msgs=2)
+    )
     await bus.js_publish("sie.work.tiny.a.b.c", b"1")
     await bus.js_publish("sie.work.tiny.a.b.c", b"2")
     with pytest.raises(StreamFullError):
@@ -228,7 +238,9 @@ async def test_msg_id_dedupe(bus: Bus) -> None:
 
 
 async def test_max_age_expires(bus: Bus) -> None:
-    await bus.add_stream(StreamConfig(name="WORK_POOL_old", subjects=["sie.work.old.*.*.*"], max_age_s=0.2))
+    await bus.add_stream(
+        StreamConfig(name="WORK_POOL_old", subjects=["sie.work.old.*.*.*"], max_age_s=0.2)
+    )
     await bus.js_publish("sie.work.old.a.b.c", b"stale")
     await anyio.sleep(0.4)
     assert (await bus.stream_info("WORK_POOL_old")).messages == 0
@@ -251,14 +263,22 @@ async def test_overlapping_work_queue_consumers_rejected(bus: Bus) -> None:
     await bus.add_stream(work_stream_config("default"))
     await bus.pull_consumer("WORK_POOL_default", cfg())
     with pytest.raises(BusError):
-        await bus.pull_consumer("WORK_POOL_default", cfg(durable="c2", filter_subject="sie.work.default.*.default.*"))
+        await bus.pull_consumer(
+            "WORK_POOL_default", cfg(durable="c2", filter_subject="sie.work.default.*.default.*")
+        )
     # a disjoint lane is fine
-    await bus.pull_consumer("WORK_POOL_default", cfg(durable="c3", filter_subject="sie.work.default.a100.default.*"))
+    await bus.pull_consumer(
+        "WORK_POOL_default", cfg(durable="c3", filter_subject="sie.work.default.a100.default.*")
+    )
 
 
 async def test_add_stream_reconciles(bus: Bus) -> None:
-    await bus.add_stream(StreamConfig(name="WORK_POOL_r", subjects=["sie.work.r.*.*.*"], max_msgs=1))
-    info = await bus.add_stream(StreamConfig(name="WORK_POOL_r", subjects=["sie.work.r.*.*.*"], max_msgs=5))
+    await bus.add_stream(
+        StreamConfig(name="WORK_POOL_r", subjects=["sie.work.r.*.*.*"], max_msgs=1)
+    )
+    info = await bus.add_stream(
+        StreamConfig(name="WORK_POOL_r", subjects=["sie.work.r.*.*.*"], max_msgs=5)
+    )
     assert info.config.max_msgs == 5
     for _ in range(3):
         await bus.js_publish("sie.work.r.a.b.c", b"x")

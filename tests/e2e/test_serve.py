@@ -34,12 +34,29 @@ def sie_bin() -> str:
 @pytest.fixture
 def server(tmp_path: Path):
     port, cport = free_port(), free_port()
-    log = open(tmp_path / "serve.log", "w+")
+    log = open(tmp_path / "serve.log", "w+")  # noqa: SIM115 - closed after the process exits
     env = {**os.environ, "SIE_CONFIG_PORT": str(cport), "SIE_DRAIN_TIMEOUT_S": "10"}
     proc = subprocess.Popen(
-        [sie_bin(), "serve", "--roles=gateway,config,worker", "--bus=memory", "--host", "127.0.0.1",
-         "--port", str(port), "--models-dir", str(CONFIGS), "--bundles-dir", str(BUNDLES), "--preload", MINILM],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        [
+            sie_bin(),
+            "serve",
+            "--roles=gateway,config,worker",
+            "--bus=memory",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--models-dir",
+            str(CONFIGS),
+            "--bundles-dir",
+            str(BUNDLES),
+            "--preload",
+            MINILM,
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -65,7 +82,9 @@ def server(tmp_path: Path):
 def test_serve_encode_and_graceful_sigterm(server, st_model) -> None:
     proc, base, cport = server
     texts = ["Real embeddings over real HTTP.", "From a subprocess."]
-    r = httpx.post(f"{base}/v1/encode/{MINILM}", json={"items": [{"text": t} for t in texts]}, timeout=30)
+    r = httpx.post(
+        f"{base}/v1/encode/{MINILM}", json={"items": [{"text": t} for t in texts]}, timeout=30
+    )
     assert r.status_code == 200, r.text
     got = np.array([it["dense"]["values"] for it in r.json()["items"]], dtype=np.float32)
     np.testing.assert_allclose(got, st_model.encode(texts), atol=1e-5)
@@ -77,7 +96,9 @@ def test_serve_encode_and_graceful_sigterm(server, st_model) -> None:
 
     def slow_request() -> None:
         items = [{"text": f"drain me {i} " * 30} for i in range(64)]
-        results.append(httpx.post(f"{base}/v1/encode/{MINILM}", json={"items": items}, timeout=30).status_code)
+        results.append(
+            httpx.post(f"{base}/v1/encode/{MINILM}", json={"items": items}, timeout=30).status_code
+        )
 
     t = threading.Thread(target=slow_request)
     t.start()
@@ -89,7 +110,14 @@ def test_serve_encode_and_graceful_sigterm(server, st_model) -> None:
 
 
 def test_bad_flags_exit_nonzero() -> None:
-    out = subprocess.run([sie_bin(), "serve", "--roles=gateway,router"], capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sie_bin(), "serve", "--roles=gateway,router"], capture_output=True, text=True, timeout=30
+    )
     assert out.returncode == 2 and "roles" in out.stderr
-    out = subprocess.run([sie_bin(), "serve", "--bus=nats", "--port", str(free_port()), "--roles=gateway"], capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sie_bin(), "serve", "--bus=nats", "--port", str(free_port()), "--roles=gateway"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 2 and "nats" in out.stderr.lower()

@@ -38,12 +38,16 @@ def dense(resp: httpx.Response) -> np.ndarray:
 
 
 def test_vectors_equal_sentence_transformers(client: httpx.Client, st_model: object) -> None:
-    resp = client.post(URL, json={"items": [{"id": f"i{i}", "text": t} for i, t in enumerate(TEXTS)]})
+    resp = client.post(
+        URL, json={"items": [{"id": f"i{i}", "text": t} for i, t in enumerate(TEXTS)]}
+    )
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["model"] == MINILM
     assert [it["id"] for it in body["items"]] == ["i0", "i1", "i2", "i3"]
-    assert all(it["dense"]["dims"] == 384 and it["dense"]["dtype"] == "float32" for it in body["items"])
+    assert all(
+        it["dense"]["dims"] == 384 and it["dense"]["dtype"] == "float32" for it in body["items"]
+    )
     got = dense(resp)
     assert got.shape == (4, 384)
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
@@ -79,7 +83,9 @@ def test_json_and_msgpack_parity(client: httpx.Client) -> None:
     assert decoded["items"][0]["dense"]["dims"] == 384 and decoded["items"][0]["id"] == "a"
 
 
-def test_order_preserved_under_32_concurrent_requests(client: httpx.Client, stack: Stack, st_model: object) -> None:
+def test_order_preserved_under_32_concurrent_requests(
+    client: httpx.Client, stack: Stack, st_model: object
+) -> None:
     texts = [f"request number {i} " + "word " * (i % 7) for i in range(32)]
     expected = st_model.encode(texts)  # type: ignore[attr-defined]
 
@@ -99,7 +105,13 @@ def test_order_preserved_under_32_concurrent_requests(client: httpx.Client, stac
 
 
 def test_options_and_query_flag_accepted(client: httpx.Client) -> None:
-    r = client.post(URL, json={"items": [{"text": "q"}], "params": {"is_query": True, "output_types": ["dense"], "options": {"normalize": True}}})
+    r = client.post(
+        URL,
+        json={
+            "items": [{"text": "q"}],
+            "params": {"is_query": True, "output_types": ["dense"], "options": {"normalize": True}},
+        },
+    )
     assert r.status_code == 200, r.text
 
 
@@ -107,13 +119,21 @@ def test_models_endpoints(client: httpx.Client) -> None:
     listing = client.get("/v1/models").json()
     assert [m["id"] for m in listing["data"]] == [MINILM]
     info = client.get(f"/v1/models/{MINILM}").json()
-    assert info["name"] == MINILM and info["dims"] == {"dense": 384} and info["outputs"] == ["dense"]
+    assert (
+        info["name"] == MINILM and info["dims"] == {"dense": 384} and info["outputs"] == ["dense"]
+    )
     assert info["inputs"] == ["text"] and info["max_sequence_length"] == 256
     assert info["loaded"] is True and info["state"] == "loaded"
     assert info["profiles"] == {"default": {"is_default": True}}
     missing = client.get("/v1/models/nope/nothing")
     assert missing.status_code == 404
-    assert missing.json() == {"detail": {"code": "MODEL_NOT_FOUND", "message": "model 'nope/nothing' not found", "model": "nope/nothing"}}
+    assert missing.json() == {
+        "detail": {
+            "code": "MODEL_NOT_FOUND",
+            "message": "model 'nope/nothing' not found",
+            "model": "nope/nothing",
+        }
+    }
 
 
 def test_health_probes(client: httpx.Client) -> None:
@@ -133,22 +153,56 @@ def test_metrics(client: httpx.Client) -> None:
 
 
 BAD = [
-    ("malformed json", {"content": b"{not json", "headers": {"Content-Type": "application/json"}}, 400, "INVALID_PAYLOAD", "body"),
-    ("malformed msgpack", {"content": b"\xc1\xc1", "headers": {"Content-Type": "application/msgpack"}}, 400, "INVALID_PAYLOAD", None),
+    (
+        "malformed json",
+        {"content": b"{not json", "headers": {"Content-Type": "application/json"}},
+        400,
+        "INVALID_PAYLOAD",
+        "body",
+    ),
+    (
+        "malformed msgpack",
+        {"content": b"\xc1\xc1", "headers": {"Content-Type": "application/msgpack"}},
+        400,
+        "INVALID_PAYLOAD",
+        None,
+    ),
     ("empty body", {"content": b""}, 400, "INVALID_PAYLOAD", "body"),
     ("missing items", {"json": {"params": {}}}, 400, "INVALID_INPUT", "items"),
     ("empty items", {"json": {"items": []}}, 400, "INVALID_INPUT", "items"),
     ("items not a list", {"json": {"items": "text"}}, 400, "INVALID_INPUT", "items"),
-    ("non-string text", {"json": {"items": [{"text": "ok"}, {"text": 42}]}}, 400, "INVALID_INPUT", "items[1].text"),
+    (
+        "non-string text",
+        {"json": {"items": [{"text": "ok"}, {"text": 42}]}},
+        400,
+        "INVALID_INPUT",
+        "items[1].text",
+    ),
     ("missing text", {"json": {"items": [{"id": "x"}]}}, 400, "INVALID_INPUT", "items[0].text"),
-    ("unknown output type", {"json": {"items": [{"text": "a"}], "params": {"output_types": ["holographic"]}}}, 400, "INVALID_INPUT", "params.output_types[0]"),
-    ("unsupported output type", {"json": {"items": [{"text": "a"}], "params": {"output_types": ["sparse"]}}}, 400, "INVALID_INPUT", "params.output_types"),
+    (
+        "unknown output type",
+        {"json": {"items": [{"text": "a"}], "params": {"output_types": ["holographic"]}}},
+        400,
+        "INVALID_INPUT",
+        "params.output_types[0]",
+    ),
+    (
+        "unsupported output type",
+        {"json": {"items": [{"text": "a"}], "params": {"output_types": ["sparse"]}}},
+        400,
+        "INVALID_INPUT",
+        "params.output_types",
+    ),
     ("body not an object", {"json": [1, 2]}, 400, "INVALID_INPUT", "body"),
 ]
 
 
-@pytest.mark.parametrize(("name", "kwargs", "status", "code", "field"), BAD, ids=[b[0] for b in BAD])
-def test_bad_input(client: httpx.Client, name: str, kwargs: dict, status: int, code: str, field: str | None) -> None:
+@pytest.mark.parametrize(
+    ("name", "kwargs", "status", "code", "field"), BAD, ids=[b[0] for b in BAD]
+)
+def test_bad_input(
+    client: httpx.Client, name: str, kwargs: dict, status: int, code: str, field: str | None
+) -> None:
     r = client.post(URL, **kwargs)
     assert r.status_code == status, r.text
     detail = r.json()["detail"]
@@ -172,10 +226,24 @@ def test_worker_survives_bad_input_and_poison_work(client: httpx.Client, stack: 
     subject = work_subject("default", "default", "default", MINILM)
 
     async def poison() -> WorkResult:
-        await bus.js_publish(subject, b"\xc1 not msgpack")  # undecodable: terminated, no reply possible
+        await bus.js_publish(
+            subject, b"\xc1 not msgpack"
+        )  # undecodable: terminated, no reply possible
         reply = inbox_subject("probe", "p1")
         sub = await bus.subscribe(reply)
-        bad = WorkItem("p1.0", "p1", 0, 1, "encode", MINILM, "default", "default", "probe", reply, item={"text": 7})
+        bad = WorkItem(
+            "p1.0",
+            "p1",
+            0,
+            1,
+            "encode",
+            MINILM,
+            "default",
+            "default",
+            "probe",
+            reply,
+            item={"text": 7},
+        )
         await bus.js_publish(subject, bad.to_bytes())
         msg = await sub.next_msg(10)
         await sub.unsubscribe()
@@ -190,7 +258,10 @@ def test_worker_survives_bad_input_and_poison_work(client: httpx.Client, stack: 
 def test_body_limit() -> None:
     from tests.conftest import run_stack
 
-    with run_stack(roles=("gateway",), max_body_bytes=64, max_items_per_request=2) as s, httpx.Client(base_url=s.base_url) as c:
+    with (
+        run_stack(roles=("gateway",), max_body_bytes=64, max_items_per_request=2) as s,
+        httpx.Client(base_url=s.base_url) as c,
+    ):
         big = c.post(URL, json={"items": [{"text": "x" * 100}]})
         assert big.status_code == 413 and big.json()["detail"]["code"] == "PAYLOAD_TOO_LARGE"
         many = c.post(URL, content=json.dumps({"items": [{"text": ""}] * 3}))
@@ -200,10 +271,15 @@ def test_body_limit() -> None:
 def test_timeout_without_worker_is_504() -> None:
     from tests.conftest import run_stack
 
-    with run_stack(roles=("gateway",), request_timeout_s=0.5) as s, httpx.Client(base_url=s.base_url) as c:
+    with (
+        run_stack(roles=("gateway",), request_timeout_s=0.5) as s,
+        httpx.Client(base_url=s.base_url) as c,
+    ):
         r = c.post(URL, json={"items": [{"text": "nobody home"}]})
         assert r.status_code == 504
-        assert r.headers["retry-after"] == "5" and r.headers["x-sie-error-code"] == "GATEWAY_TIMEOUT"
+        assert (
+            r.headers["retry-after"] == "5" and r.headers["x-sie-error-code"] == "GATEWAY_TIMEOUT"
+        )
         assert r.json()["error"]["code"] == "GATEWAY_TIMEOUT"
         h = c.get("/health").json()
         assert h["status"] == "degraded" and h["workers"] == []

@@ -27,18 +27,32 @@ def engine() -> DenseEncoder:
 
 def test_vector_does_not_depend_on_batch(engine: DenseEncoder) -> None:
     target = "The same text, alone or in company."
-    others = ["a", "medium length sentence with some words", "x " * 120, "another one of a different length entirely, much longer than the rest " * 3]
-    kw = {"output_types": ["dense"], "instruction": None, "is_query": False, "options": {"normalize": True}}
+    others = [
+        "a",
+        "medium length sentence with some words",
+        "x " * 120,
+        "another one of a different length entirely, much longer than the rest " * 3,
+    ]
+    kw = {
+        "output_types": ["dense"],
+        "instruction": None,
+        "is_query": False,
+        "options": {"normalize": True},
+    }
     alone = engine.encode([target], **kw)["dense"][0]
     mixed = engine.encode([others[0], target, *others[1:]], **kw)["dense"][1]
     np.testing.assert_allclose(alone, mixed, atol=1e-5)
 
 
 def test_shapes_tokens_and_truncation(engine: DenseEncoder) -> None:
-    out = engine.encode(["a", "b c"], output_types=["dense"], instruction=None, is_query=False, options={})
+    out = engine.encode(
+        ["a", "b c"], output_types=["dense"], instruction=None, is_query=False, options={}
+    )
     assert out["dense"].shape == (2, 384) and out["dense"].dtype == np.float32
     counts = engine.count_tokens(["hello", "word " * 1000])
-    assert counts[0] == 3 and counts[1] == 256  # [CLS] hello [SEP]; truncated at max_sequence_length
+    assert (
+        counts[0] == 3 and counts[1] == 256
+    )  # [CLS] hello [SEP]; truncated at max_sequence_length
 
 
 def test_templates() -> None:
@@ -55,7 +69,12 @@ def test_weights_from_package(minilm_path: Path) -> None:
 
 def test_weights_path_wins(tmp_path: Path) -> None:
     cfg = parse_model_config(
-        {"sie_id": "x/y", "weights_path": str(tmp_path), "tasks": {}, "profiles": {"default": {"adapter_path": "a:B", "max_batch_tokens": 1}}}
+        {
+            "sie_id": "x/y",
+            "weights_path": str(tmp_path),
+            "tasks": {},
+            "profiles": {"default": {"adapter_path": "a:B", "max_batch_tokens": 1}},
+        }
     )
     assert resolve_weights(cfg) == tmp_path
 
@@ -67,7 +86,12 @@ def test_missing_weights_fail_fast_naming_what_was_tried(tmp_path: Path) -> None
             "hf_id": "nobody/nothing",
             "weights_path": str(tmp_path / "absent"),
             "tasks": {"encode": {"dense": {"dim": 4}}},
-            "profiles": {"default": {"adapter_path": "sie.engines.sentence_transformers:DenseEncoder", "max_batch_tokens": 1}},
+            "profiles": {
+                "default": {
+                    "adapter_path": "sie.engines.sentence_transformers:DenseEncoder",
+                    "max_batch_tokens": 1,
+                }
+            },
         }
     )
     t0 = time.monotonic()
@@ -88,7 +112,10 @@ def test_load_failure_is_a_502_over_http(tmp_path: Path) -> None:
         "sie_id: ghost/model\nhf_id: ghost/model\ntasks: {encode: {dense: {dim: 4}}}\n"
         "profiles: {default: {adapter_path: 'sie.engines.sentence_transformers:DenseEncoder', max_batch_tokens: 64}}\n"
     )
-    with run_stack(models_dir=str(tmp_path)) as s, httpx.Client(base_url=s.base_url, timeout=30) as c:
+    with (
+        run_stack(models_dir=str(tmp_path)) as s,
+        httpx.Client(base_url=s.base_url, timeout=30) as c,
+    ):
         r = c.post("/v1/encode/ghost/model", json={"items": [{"text": "a"}, {"text": "b"}]})
         assert r.status_code == 502, r.text
         assert r.json()["error"]["code"] == "MODEL_LOAD_FAILED" and "retry-after" not in r.headers

@@ -42,7 +42,9 @@ def test_single_string_input(client: httpx.Client) -> None:
 def test_base64_is_the_same_numbers(client: httpx.Client) -> None:
     texts = ["parity check", "another one"]
     f = client.post("/v1/embeddings", json={"model": MINILM, "input": texts}).json()
-    b = client.post("/v1/embeddings", json={"model": MINILM, "input": texts, "encoding_format": "base64"}).json()
+    b = client.post(
+        "/v1/embeddings", json={"model": MINILM, "input": texts, "encoding_format": "base64"}
+    ).json()
     for df, db in zip(f["data"], b["data"], strict=True):
         decoded = np.frombuffer(base64.b64decode(db["embedding"]), dtype="<f4")
         assert decoded.shape == (384,)
@@ -55,7 +57,11 @@ def test_dimensions(client: httpx.Client) -> None:
     other = client.post("/v1/embeddings", json={"model": MINILM, "input": "x", "dimensions": 128})
     assert other.status_code == 400
     err = other.json()["error"]
-    assert err["param"] == "dimensions" and err["type"] == "invalid_request_error" and "384" in err["message"]
+    assert (
+        err["param"] == "dimensions"
+        and err["type"] == "invalid_request_error"
+        and "384" in err["message"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -87,7 +93,9 @@ def test_token_ids_message(client: httpx.Client) -> None:
 def test_unknown_model_and_malformed_body(client: httpx.Client) -> None:
     r = client.post("/v1/embeddings", json={"model": "no/model", "input": "x"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
-    r = client.post("/v1/embeddings", content=b"{oops", headers={"Content-Type": "application/json"})
+    r = client.post(
+        "/v1/embeddings", content=b"{oops", headers={"Content-Type": "application/json"}
+    )
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_payload"
 
 
@@ -103,14 +111,21 @@ def test_matryoshka_dimensions_truncate_and_renormalise() -> None:
     try:
         text = (CONFIGS / "sentence-transformers__all-MiniLM-L6-v2.yaml").read_text()
         (tmp / "m.yaml").write_text(text.replace("dim: 384", "dim: 384\n      matryoshka: true"))
-        with run_stack(models_dir=str(tmp), preload=(MINILM,)) as s, httpx.Client(base_url=s.base_url, timeout=60) as c:
+        with (
+            run_stack(models_dir=str(tmp), preload=(MINILM,)) as s,
+            httpx.Client(base_url=s.base_url, timeout=60) as c,
+        ):
             full = c.post("/v1/embeddings", json={"model": MINILM, "input": "matryoshka"}).json()
-            cut = c.post("/v1/embeddings", json={"model": MINILM, "input": "matryoshka", "dimensions": 64}).json()
+            cut = c.post(
+                "/v1/embeddings", json={"model": MINILM, "input": "matryoshka", "dimensions": 64}
+            ).json()
             vec = np.asarray(cut["data"][0]["embedding"])
             assert vec.shape == (64,) and abs(np.linalg.norm(vec) - 1.0) < 1e-5
             head = np.asarray(full["data"][0]["embedding"][:64])
             np.testing.assert_allclose(vec, head / np.linalg.norm(head), atol=1e-6)
-            too_big = c.post("/v1/embeddings", json={"model": MINILM, "input": "x", "dimensions": 1000})
+            too_big = c.post(
+                "/v1/embeddings", json={"model": MINILM, "input": "x", "dimensions": 1000}
+            )
             assert too_big.status_code == 400
     finally:
         shutil.rmtree(tmp)

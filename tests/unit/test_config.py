@@ -40,9 +40,19 @@ PROFILE = "profiles: {default: {adapter_path: a.b:C, max_batch_tokens: 1}}\n"
     ("text", "needle"),
     [
         (HEAD + "bogus: 1\ntasks: {}\n" + PROFILE, "bogus: unknown key"),
-        (HEAD + "tasks: {}\nprofiles: {default: {adapter_path: a.b:C, max_batch_tokenz: 3}}\n", "profiles.default.max_batch_tokenz: unknown key"),
-        (HEAD + "tasks: {encode: {dense: {dim: 8, width: 3}}}\n" + PROFILE, "tasks.encode.dense.width: unknown key"),
-        (HEAD + "tasks: {}\nprofiles: {default: {adapter_path: a.b:C, max_batch_tokens: 1, adapter_options: {boot: {}}}}\n", "adapter_options.boot: unknown key"),
+        (
+            HEAD + "tasks: {}\nprofiles: {default: {adapter_path: a.b:C, max_batch_tokenz: 3}}\n",
+            "profiles.default.max_batch_tokenz: unknown key",
+        ),
+        (
+            HEAD + "tasks: {encode: {dense: {dim: 8, width: 3}}}\n" + PROFILE,
+            "tasks.encode.dense.width: unknown key",
+        ),
+        (
+            HEAD
+            + "tasks: {}\nprofiles: {default: {adapter_path: a.b:C, max_batch_tokens: 1, adapter_options: {boot: {}}}}\n",
+            "adapter_options.boot: unknown key",
+        ),
     ],
 )
 def test_unknown_keys_are_named(text: str, needle: str) -> None:
@@ -54,12 +64,30 @@ def test_unknown_keys_are_named(text: str, needle: str) -> None:
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
-        ("sie_id: m\nhf_id: m\ntasks: {}\nprofiles: {fast: {adapter_path: a:B, max_batch_tokens: 1}}\n", "default"),
-        ("sie_id: m\ntasks: {}\nprofiles: {default: {adapter_path: a:B, max_batch_tokens: 1}}\n", "hf_id"),
-        ("sie_id: m\nhf_id: m\ntasks: {}\nprofiles: {default: {max_batch_tokens: 1}}\n", "adapter_path"),
-        ("sie_id: m\nhf_id: m\ntasks: {}\nprofiles: {default: {extends: nope}}\n", "no profile named"),
-        ("sie_id: ../x\nhf_id: m\ntasks: {}\nprofiles: {default: {adapter_path: a:B, max_batch_tokens: 1}}\n", "traversal"),
-        ("sie_id: m\nhf_id: m\npool: 'a b'\ntasks: {}\nprofiles: {default: {adapter_path: a:B, max_batch_tokens: 1}}\n", "pool"),
+        (
+            "sie_id: m\nhf_id: m\ntasks: {}\nprofiles: {fast: {adapter_path: a:B, max_batch_tokens: 1}}\n",
+            "default",
+        ),
+        (
+            "sie_id: m\ntasks: {}\nprofiles: {default: {adapter_path: a:B, max_batch_tokens: 1}}\n",
+            "hf_id",
+        ),
+        (
+            "sie_id: m\nhf_id: m\ntasks: {}\nprofiles: {default: {max_batch_tokens: 1}}\n",
+            "adapter_path",
+        ),
+        (
+            "sie_id: m\nhf_id: m\ntasks: {}\nprofiles: {default: {extends: nope}}\n",
+            "no profile named",
+        ),
+        (
+            "sie_id: ../x\nhf_id: m\ntasks: {}\nprofiles: {default: {adapter_path: a:B, max_batch_tokens: 1}}\n",
+            "traversal",
+        ),
+        (
+            "sie_id: m\nhf_id: m\npool: 'a b'\ntasks: {}\nprofiles: {default: {adapter_path: a:B, max_batch_tokens: 1}}\n",
+            "pool",
+        ),
         ("- just\n- a list\n", "mapping"),
         ("sie_id: [unclosed\n", "invalid YAML"),
     ],
@@ -95,4 +123,6 @@ def test_shipped_configs_load() -> None:
     models = load_models(str(CONFIGS))
     bundles = load_bundles(str(BUNDLES))
     assert [m.sie_id for m in models] == ["sentence-transformers/all-MiniLM-L6-v2"]
-    assert bundles[0].name == "default" and "sie.engines.sentence_transformers" in bundles[0].adapters
+    assert (
+        bundles[0].name == "default" and "sie.engines.sentence_transformers" in bundles[0].adapters
+    )

@@ -11,7 +11,9 @@ from sie.core.hashing import (
     canonicalize_adapter_options,
 )
 
-BUNDLE = parse_bundle({"name": "default", "priority": 10, "adapters": ["sie.engines.sentence_transformers"]})
+BUNDLE = parse_bundle(
+    {"name": "default", "priority": 10, "adapters": ["sie.engines.sentence_transformers"]}
+)
 OTHER = parse_bundle({"name": "gpu", "priority": 20, "adapters": ["sie.engines.vllm"]})
 
 MINI = parse_model_config(
@@ -23,7 +25,10 @@ MINI = parse_model_config(
             "default": {
                 "adapter_path": "sie.engines.sentence_transformers:DenseEncoder",
                 "max_batch_tokens": 16384,
-                "adapter_options": {"loadtime": {"trust_remote_code": False}, "runtime": {"normalize": True}},
+                "adapter_options": {
+                    "loadtime": {"trust_remote_code": False},
+                    "runtime": {"normalize": True},
+                },
             },
             "short": {"extends": "default", "max_batch_tokens": 512},
             "llm": {"adapter_path": "sie.engines.vllm:Generator", "max_batch_tokens": 1},
@@ -65,8 +70,23 @@ def test_falsy_adapter_options_canonicalise_to_null() -> None:
 
 def test_empty_options_hash_like_absent_options() -> None:
     base = MINI.model_dump(exclude_unset=True)
-    with_empty = {**base, "profiles": {"default": {**base["profiles"]["default"], "adapter_options": {"loadtime": {}, "runtime": {}}}}}
-    without = {**base, "profiles": {"default": {k: v for k, v in base["profiles"]["default"].items() if k != "adapter_options"}}}
+    with_empty = {
+        **base,
+        "profiles": {
+            "default": {
+                **base["profiles"]["default"],
+                "adapter_options": {"loadtime": {}, "runtime": {}},
+            }
+        },
+    }
+    without = {
+        **base,
+        "profiles": {
+            "default": {
+                k: v for k, v in base["profiles"]["default"].items() if k != "adapter_options"
+            }
+        },
+    }
     assert bundle_config_hash([parse_model_config(with_empty)], BUNDLE) == bundle_config_hash(
         [parse_model_config(without)], BUNDLE
     )
@@ -88,7 +108,9 @@ def test_unrelated_bundle_and_empty_set() -> None:
 
 
 def test_pool_scope() -> None:
-    tenant = parse_model_config({**MINI.model_dump(exclude_unset=True), "sie_id": "t/m", "pool": "tenant"})
+    tenant = parse_model_config(
+        {**MINI.model_dump(exclude_unset=True), "sie_id": "t/m", "pool": "tenant"}
+    )
     assert bundle_config_hash([MINI, tenant], BUNDLE, pool="default") == MINI_HASH
     assert bundle_config_hash([MINI, tenant], BUNDLE, pool="tenant") != MINI_HASH
 
@@ -96,6 +118,9 @@ def test_pool_scope() -> None:
 def test_bundles_hash_is_order_independent() -> None:
     assert bundles_hash([BUNDLE, OTHER]) == bundles_hash([OTHER, BUNDLE])
     assert bundles_hash([]) == ""
-    assert bundles_hash([BUNDLE]) == hashlib.sha256(
-        b'[{"adapters":["sie.engines.sentence_transformers"],"name":"default","priority":10}]'
-    ).hexdigest()
+    assert (
+        bundles_hash([BUNDLE])
+        == hashlib.sha256(
+            b'[{"adapters":["sie.engines.sentence_transformers"],"name":"default","priority":10}]'
+        ).hexdigest()
+    )

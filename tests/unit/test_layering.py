@@ -11,14 +11,33 @@ SIE = Path(__file__).resolve().parents[2] / "sie"
 
 # package -> sie packages it must never import
 FORBIDDEN = {
-    "core": {"transport", "control", "engines", "roles", "http", "container", "cli", "settings", "telemetry"},
+    "core": {
+        "transport",
+        "control",
+        "engines",
+        "roles",
+        "http",
+        "container",
+        "cli",
+        "settings",
+        "telemetry",
+    },
     "transport": {"control", "engines", "roles", "http", "container", "cli"},
     "control": {"transport", "engines", "roles", "http", "container", "cli"},
     "engines": {"transport", "control", "roles", "http", "container", "cli"},
     "roles": {"http", "container", "cli"},
     "http": {"container", "cli"},
 }
-HEAVY_IN_CORE = {"torch", "vllm", "sentence_transformers", "nats", "starlette", "hypercorn", "fsspec", "anyio"}
+HEAVY_IN_CORE = {
+    "torch",
+    "vllm",
+    "sentence_transformers",
+    "nats",
+    "starlette",
+    "hypercorn",
+    "fsspec",
+    "anyio",
+}
 
 
 def imports_of(path: Path) -> set[str]:
@@ -57,7 +76,11 @@ def test_roles_do_not_import_each_other() -> None:
 
 
 def test_only_wire_imports_ormsgpack_and_only_container_names_adapters() -> None:
-    users = {str(f.relative_to(SIE)) for f in SIE.rglob("*.py") if any(m.startswith("ormsgpack") for m in imports_of(f))}
+    users = {
+        str(f.relative_to(SIE))
+        for f in SIE.rglob("*.py")
+        if any(m.startswith("ormsgpack") for m in imports_of(f))
+    }
     assert users == {"core/wire.py"}
     adapters = {
         str(f.relative_to(SIE))

@@ -14,7 +14,14 @@ CANDLE = parse_bundle({"name": "candle", "priority": 30, "adapters": ["eng.candl
 
 
 def model(sie_id: str, **profiles: dict) -> object:
-    return parse_model_config({"sie_id": sie_id, "hf_id": sie_id, "tasks": {"encode": {"dense": {"dim": 4}}}, "profiles": profiles})
+    return parse_model_config(
+        {
+            "sie_id": sie_id,
+            "hf_id": sie_id,
+            "tasks": {"encode": {"dense": {"dim": 4}}},
+            "profiles": profiles,
+        }
+    )
 
 
 def reg() -> ModelRegistry:
@@ -53,14 +60,18 @@ def test_unknown_and_unroutable() -> None:
     with pytest.raises(ModelNotFound):
         r.resolve("nope:default")
     with pytest.raises(UnroutableModel) as exc:
-        r.add_model_config(model("x/y", default={"adapter_path": "eng.unknown:A", "max_batch_tokens": 1}))
+        r.add_model_config(
+            model("x/y", default={"adapter_path": "eng.unknown:A", "max_batch_tokens": 1})
+        )
     assert exc.value.status == 422 and exc.value.fields["adapter_modules"] == ["eng.unknown"]
     assert "x/y" not in r.snapshot.configs
 
 
 def test_install_bundles_recomputes_routes() -> None:
     r = reg()
-    r.add_model_config(model("a/b", default={"adapter_path": "eng.sglang:Gen", "max_batch_tokens": 1}))
+    r.add_model_config(
+        model("a/b", default={"adapter_path": "eng.sglang:Gen", "max_batch_tokens": 1})
+    )
     assert r.resolve("a/b")[1] == "sglang"
     r.install_bundles([DEFAULT])
     with pytest.raises(ModelNotFound):
@@ -88,7 +99,9 @@ def test_readers_never_see_a_torn_snapshot() -> None:
     t = threading.Thread(target=reader)
     t.start()
     for i in range(300):
-        r.add_model_config(model(f"m/{i}", default={"adapter_path": "eng.st:D", "max_batch_tokens": 1}))
+        r.add_model_config(
+            model(f"m/{i}", default={"adapter_path": "eng.st:D", "max_batch_tokens": 1})
+        )
         r.install_bundles([DEFAULT, SGLANG] if i % 2 else [DEFAULT, CANDLE])
     stop.set()
     t.join()

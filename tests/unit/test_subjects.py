@@ -25,12 +25,22 @@ def test_spec_example() -> None:
 
 def test_bge_example() -> None:
     # architecture §16.2 step 1.
-    assert work_subject("default", "default", "default", "BAAI/bge-m3") == "sie.work.default.default.default.BAAI__bge-m3"
+    assert (
+        work_subject("default", "default", "default", "BAAI/bge-m3")
+        == "sie.work.default.default.default.BAAI__bge-m3"
+    )
 
 
 @pytest.mark.parametrize(
     ("raw", "norm"),
-    [("a/b", "a__b"), ("a.b", "a_dot_b"), ("a*b", "a_b"), ("a>b", "a_b"), ("a b\tc", "a_b_c"), ("plain-id_1", "plain-id_1")],
+    [
+        ("a/b", "a__b"),
+        ("a.b", "a_dot_b"),
+        ("a*b", "a_b"),
+        ("a>b", "a_b"),
+        ("a b\tc", "a_b_c"),
+        ("plain-id_1", "plain-id_1"),
+    ],
 )
 def test_normalize(raw: str, norm: str) -> None:
     assert normalize_model_id(raw) == norm
@@ -64,4 +74,6 @@ def test_wildcards(pattern: str, subject: str, ok: bool) -> None:
 
 def test_direct_dispatch_subject_does_not_match_pool_stream() -> None:
     # architecture §8.2: the 7-token worker subject is outside sie.work.{pool}.*.*.*
-    assert not subject_matches(stream_subjects("default")[0], "sie.work.default.l4.default.m.worker-1")
+    assert not subject_matches(
+        stream_subjects("default")[0], "sie.work.default.l4.default.m.worker-1"
+    )

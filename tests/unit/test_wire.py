@@ -11,10 +11,20 @@ from sie.core.wire import Heartbeat, WorkItem, WorkResult, packb, to_jsonable, u
 
 def test_work_item_round_trip() -> None:
     wi = WorkItem(
-        work_item_id="r.0", request_id="r", item_index=0, total_items=2, operation="encode",
-        model_id="BAAI/bge-m3", profile_id="default", pool_name="default", router_id="gw-1",
-        reply_subject="_INBOX.gw-1.r", item={"id": "a", "text": "héllo"}, output_types=["dense"],
-        options={"normalize": True}, is_query=True,
+        work_item_id="r.0",
+        request_id="r",
+        item_index=0,
+        total_items=2,
+        operation="encode",
+        model_id="BAAI/bge-m3",
+        profile_id="default",
+        pool_name="default",
+        router_id="gw-1",
+        reply_subject="_INBOX.gw-1.r",
+        item={"id": "a", "text": "héllo"},
+        output_types=["dense"],
+        options={"normalize": True},
+        is_query=True,
     )
     raw = wi.to_bytes()
     # a plain msgpack map with named fields (reference §2.10); None fields omitted
@@ -27,7 +37,14 @@ def test_work_item_round_trip() -> None:
 def test_work_result_round_trip_with_numpy_blob() -> None:
     vec = np.linspace(-1, 1, 384, dtype=np.float32)
     blob = packb({"dense": {"dims": 384, "dtype": "float32", "values": vec}})
-    res = WorkResult(work_item_id="r.0", request_id="r", item_index=0, success=True, result_msgpack=blob, inference_ms=1.5)
+    res = WorkResult(
+        work_item_id="r.0",
+        request_id="r",
+        item_index=0,
+        success=True,
+        result_msgpack=blob,
+        inference_ms=1.5,
+    )
     back = WorkResult.from_bytes(res.to_bytes())
     assert back.inference_ms == 1.5
     out = back.result()["dense"]["values"]
@@ -54,7 +71,9 @@ def test_nd_map_uses_bin_keys() -> None:
 
 def test_str_keyed_nd_maps_decode_too() -> None:
     arr = np.arange(3, dtype=np.float32)
-    raw = msgpack.packb({"nd": True, "type": "<f4", "kind": b"", "shape": [3], "data": arr.tobytes()})
+    raw = msgpack.packb(
+        {"nd": True, "type": "<f4", "kind": b"", "shape": [3], "data": arr.tobytes()}
+    )
     assert np.array_equal(unpackb(raw), arr)
 
 
@@ -71,7 +90,9 @@ def test_malformed_payloads_raise_wire_error() -> None:
         WorkItem.from_bytes(packb({"work_item_id": "x"}))  # required fields missing
     with pytest.raises(WireError):
         WorkItem.from_bytes(packb([1, 2, 3]))
-    bad = WorkItem("r.0", "r", 0, 1, "encode", "m", "default", "default", "gw", "_INBOX.gw.r").to_map()
+    bad = WorkItem(
+        "r.0", "r", 0, 1, "encode", "m", "default", "default", "gw", "_INBOX.gw.r"
+    ).to_map()
     bad["item_index"] = "zero"
     with pytest.raises(WireError, match="item_index"):
         WorkItem.from_bytes(packb(bad))
@@ -80,6 +101,12 @@ def test_malformed_payloads_raise_wire_error() -> None:
 
 
 def test_heartbeat_round_trip() -> None:
-    hb = Heartbeat(worker_id="w", pool="default", machine_profile="l4", bundle="default", ready=True,
-                   models=[{"name": "m", "state": "loaded"}])
+    hb = Heartbeat(
+        worker_id="w",
+        pool="default",
+        machine_profile="l4",
+        bundle="default",
+        ready=True,
+        models=[{"name": "m", "state": "loaded"}],
+    )
     assert Heartbeat.from_bytes(hb.to_bytes()) == hb
