@@ -1,0 +1,80 @@
+"""Minimal closed-loop HTTP/1.1 load generator: N keep-alive connections, one
+in-flight request each, one text per ``POST /v1/encode`` request. Prints JSON
+``{rps, p50_ms, p99_ms, errors, requests}``. Used by bench_encode.py."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+
+async def worker(
+    port: int, path: str, bodies: list[bytes], stop: float, lat: list[float], errs: list[int]
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    i = 0
+    while time.perf_counter() < stop:
+        body = bodies[i % len(bodies)]
+        i += 1
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Accept: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        t0 = time.perf_counter()
+        writer.write(head + body)
+        status = int((await reader.readline()).split()[1])
+        length = 0
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            k, _, v = line.decode().partition(":")
+            if k.lower() == "content-length":
+                length = int(v)
+        await reader.readexactly(length)
+        lat.append(time.perf_counter() - t0)
+        if status != 200:
+            errs.append(status)
+    writer.close()
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--connections", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    a = ap.parse_args()
+    words = "search engines rank documents by relevance to a query using dense vectors".split()
+    bodies = [
+        json.dumps(
+            {"items": [{"text": " ".join(words[(i + j) % len(words)] for j in range(8 + i % 9))}]}
+        ).encode()
+        for i in range(256)
+    ]
+    lat: list[float] = []
+    errs: list[int] = []
+    t0 = time.perf_counter()
+    stop = t0 + a.seconds
+    await asyncio.gather(
+        *(
+            worker(a.port, f"/v1/encode/{a.model}", bodies, stop, lat, errs)
+            for _ in range(a.connections)
+        )
+    )
+    elapsed = time.perf_counter() - t0
+    lat.sort()
+    print(
+        json.dumps(
+            {
+                "rps": len(lat) / elapsed,
+                "p50_ms": lat[len(lat) // 2] * 1000 if lat else 0.0,
+                "p99_ms": lat[int(len(lat) * 0.99)] * 1000 if lat else 0.0,
+                "errors": len(errs),
+                "requests": len(lat),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

