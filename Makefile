@@ -29,7 +29,7 @@ run: $(STAMP) ## serve every role in one process on the in-memory bus with all-M
 		--models-dir configs --bundles-dir bundles \
 		--preload sentence-transformers/all-MiniLM-L6-v2
 
-test: $(STAMP) ## the whole test suite (unit, contract, integration, e2e)
+test: lint type ## lint, type check, then the whole test suite (unit, contract, integration, e2e)
 	$(BIN)/pytest -q
 
 test-fast: $(STAMP) ## unit and contract tests only
