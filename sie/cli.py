@@ -116,9 +116,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         anyio.run(_serve, settings)
-    except SieError as exc:
-        print(f"sie serve: {exc.code}: {exc.message}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 0
+    except BaseException as exc:
+        cause = _first_leaf(exc)
+        if isinstance(cause, SieError):
+            print(f"sie serve: {cause.code}: {cause.message}", file=sys.stderr)
+            return 2
+        if isinstance(cause, OSError):
+            print(f"sie serve: {cause}", file=sys.stderr)
+            return 2
+        raise
     return 0
+
+
+def _first_leaf(exc: BaseException) -> BaseException:
+    """The first non-group exception inside (possibly nested) exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc

@@ -30,6 +30,7 @@ from sie.core.errors import (
     WireError,
     error_for_code,
 )
+from sie.core.config import POOL_RE
 from sie.core.registry import ModelEntry, ModelRegistry
 from sie.core.subjects import HEALTH_WILDCARD, inbox_subject, inbox_wildcard, work_subject
 from sie.core.wire import Heartbeat, WorkItem, WorkResult
@@ -219,6 +220,11 @@ class GatewayRole:
                 field="items",
             )
         entry, bundle = self.registry.resolve(model_id)
+        for header, value in (("X-SIE-Pool", pool), ("X-SIE-Machine-Profile", machine_profile)):
+            if value is not None and not POOL_RE.match(value):
+                raise InvalidInput(
+                    f"{header}: {value!r} must match {POOL_RE.pattern}", field=header
+                )
         pool = (pool or entry.config.effective_pool).lower()
         profile = (machine_profile or self.settings.machine_profile).lower()
         subject = work_subject(pool, profile, bundle, model_id)

@@ -211,6 +211,21 @@ def test_bad_input(
         assert detail["field"] == field and field.split("[")[0].split(".")[0] in detail["message"]
 
 
+def test_lane_headers(client: httpx.Client) -> None:
+    bad = client.post(URL, json={"items": [{"text": "a"}]}, headers={"X-SIE-Pool": "a.b"})
+    assert bad.status_code == 400 and bad.json()["detail"]["field"] == "X-SIE-Pool"
+    bad = client.post(
+        URL, json={"items": [{"text": "a"}]}, headers={"X-SIE-Machine-Profile": "l4 spot"}
+    )
+    assert bad.status_code == 400 and bad.json()["detail"]["field"] == "X-SIE-Machine-Profile"
+    ok = client.post(
+        URL,
+        json={"items": [{"text": "a"}]},
+        headers={"X-SIE-Pool": "DEFAULT", "X-SIE-Machine-Profile": "Default"},
+    )
+    assert ok.status_code == 200  # canonicalised to lower case: the worker's lane
+
+
 def test_unknown_model_and_route(client: httpx.Client) -> None:
     r = client.post("/v1/encode/no/such-model", json={"items": [{"text": "a"}]})
     assert r.status_code == 404 and r.json()["detail"]["code"] == "MODEL_NOT_FOUND"
