@@ -8,13 +8,11 @@ Routes: GET /v1/configs/models, /v1/configs/models/{id} (YAML),
 from __future__ import annotations
 
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from sie.core.errors import SieError
-from sie.http.errors import http_exception_handler, sie_error_handler, unexpected_error_handler
+from sie.http.errors import EXCEPTION_HANDLERS
 from sie.roles.config import ConfigRole
 
 __all__ = ["build_config_app"]
@@ -62,11 +60,7 @@ def build_config_app(role: ConfigRole) -> Starlette:
             Route("/healthz", ok, methods=["GET"]),
             Route("/readyz", ok, methods=["GET"]),
         ],
-        exception_handlers={
-            SieError: sie_error_handler,
-            HTTPException: http_exception_handler,
-            Exception: unexpected_error_handler,
-        },
+        exception_handlers=EXCEPTION_HANDLERS,
     )
     app.state.role = role
     return app

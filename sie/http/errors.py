@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from sie.core.errors import SieError
 
 __all__ = [
+    "EXCEPTION_HANDLERS",
     "error_headers",
     "http_exception_handler",
     "openai_error",
@@ -80,3 +81,11 @@ def openai_error(exc: SieError) -> JSONResponse:
         "code": exc.code.lower(),
     }
     return JSONResponse({"error": err}, status_code=exc.status, headers=error_headers(exc))
+
+
+#: The handlers every SIE Starlette app installs.
+EXCEPTION_HANDLERS = {
+    SieError: sie_error_handler,
+    HTTPException: http_exception_handler,
+    Exception: unexpected_error_handler,
+}

@@ -18,7 +18,6 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -27,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sie import __version__
 from sie.core.errors import InvalidInput, SieError
 from sie.core.registry import ModelEntry
-from sie.http.errors import http_exception_handler, sie_error_handler, unexpected_error_handler
+from sie.http.errors import EXCEPTION_HANDLERS
 from sie.http.negotiation import read_payload, render, validate
 from sie.http.openai import embeddings
 from sie.http.schemas import EncodeRequest
@@ -249,11 +248,7 @@ def build_gateway_app(gateway: GatewayRole, metrics: Metrics = METRICS) -> Starl
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
         ],
-        exception_handlers={
-            SieError: sie_error_handler,
-            HTTPException: http_exception_handler,
-            Exception: unexpected_error_handler,
-        },
+        exception_handlers=EXCEPTION_HANDLERS,
     )
     app.state.gateway = gateway
     app.state.metrics = metrics

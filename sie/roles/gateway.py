@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from sie.core.config import POOL_RE
 from sie.core.errors import (
     Backpressure,
     GatewayTimeout,
@@ -30,7 +31,6 @@ from sie.core.errors import (
     WireError,
     error_for_code,
 )
-from sie.core.config import POOL_RE
 from sie.core.registry import ModelEntry, ModelRegistry
 from sie.core.subjects import HEALTH_WILDCARD, inbox_subject, inbox_wildcard, work_subject
 from sie.core.wire import Heartbeat, WorkItem, WorkResult

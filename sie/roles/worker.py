@@ -206,7 +206,7 @@ class WorkerRole:
                 f"operation {item.operation!r} is not supported by this worker", field="operation"
             )
         entry = self._entry(item)
-        text = (item.item or {}).get("text")
+        text = item.item.get("text") if isinstance(item.item, dict) else None
         if not isinstance(text, str):
             raise InvalidInput(
                 f"items[{item.item_index}].text must be a string",
