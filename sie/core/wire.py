@@ -72,6 +72,12 @@ def packb(obj: Any) -> bytes:
 
 
 def _nd_hook(obj: dict[Any, Any]) -> Any:
+    """Turn a msgpack-numpy map into an array; leave every other map alone.
+
+    Raises:
+        WireError: a map that claims to be an array (``nd`` bool, ``type`` str,
+            ``data`` bytes) but whose dtype, shape or data do not fit.
+    """
     if len(obj) not in (4, 5):
         return obj
     bin_keys = b"nd" in obj
@@ -81,11 +87,21 @@ def _nd_hook(obj: dict[Any, Any]) -> Any:
     def get(key: str) -> Any:
         return obj.get(key.encode()) if bin_keys else obj.get(key)
 
-    dtype = np.dtype(get("type"))
-    data: bytes = get("data")
-    if get("nd") is True:
-        return np.frombuffer(data, dtype=dtype).reshape(get("shape"))
-    return np.frombuffer(data, dtype=dtype)[0]
+    nd, type_str, data = get("nd"), get("type"), get("data")
+    if not isinstance(nd, bool) or not isinstance(type_str, str) or not isinstance(data, bytes):
+        return obj
+    try:
+        dtype = np.dtype(type_str)
+        if dtype.kind in "OV":
+            raise TypeError(f"dtype {type_str!r} is not allowed")
+        if nd:
+            shape = get("shape")
+            if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+                raise ValueError(f"bad shape {shape!r}")
+            return np.frombuffer(data, dtype=dtype).reshape(shape)
+        return np.frombuffer(data, dtype=dtype, count=1)[0]
+    except (TypeError, ValueError, IndexError) as exc:
+        raise WireError(f"malformed msgpack-numpy array: {exc}") from exc
 
 
 def unpackb(data: bytes) -> Any:
@@ -96,7 +112,13 @@ def unpackb(data: bytes) -> Any:
     """
     try:
         return msgpack.unpackb(data, raw=False, strict_map_key=False, object_hook=_nd_hook)
-    except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData) as exc:
+    except (
+        ValueError,
+        TypeError,
+        RecursionError,
+        msgpack.UnpackException,
+        msgpack.ExtraData,
+    ) as exc:
         raise WireError(f"malformed msgpack body: {exc}") from exc
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from sie.core.config import ModelConfig, ResolvedProfile
-from sie.core.errors import InferenceError, ModelLoadFailed
+from sie.core.errors import InferenceError, InvalidInput, ModelLoadFailed
 from sie.engines.weights import resolve_weights
 
 __all__ = ["DenseEncoder", "apply_template"]
@@ -25,9 +25,16 @@ def apply_template(
 ) -> str:
     """Reference §3.1 templates: ``query_template`` when ``is_query``, else
     ``doc_template``; without a template a non-empty instruction is prefixed."""
-    template = options.get("query_template" if is_query else "doc_template")
+    name = "query_template" if is_query else "doc_template"
+    template = options.get(name)
     if template:
-        return str(template).format(text=text, instruction=instruction or "")
+        try:
+            return str(template).format(text=text, instruction=instruction or "")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise InvalidInput(
+                f"options.{name}: {template!r} may only use the fields {{text}} and {{instruction}} ({exc!r})",
+                field=f"params.options.{name}",
+            ) from exc
     return f"{instruction} {text}" if instruction else text
 
 

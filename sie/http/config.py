@@ -8,11 +8,12 @@ Routes: GET /v1/configs/models, /v1/configs/models/{id} (YAML),
 from __future__ import annotations
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from sie.http.errors import EXCEPTION_HANDLERS
+from sie.http.errors import EXCEPTION_HANDLERS, CatchAll
 from sie.roles.config import ConfigRole
 
 __all__ = ["build_config_app"]
@@ -61,6 +62,7 @@ def build_config_app(role: ConfigRole) -> Starlette:
             Route("/readyz", ok, methods=["GET"]),
         ],
         exception_handlers=EXCEPTION_HANDLERS,
+        middleware=[Middleware(CatchAll)],
     )
     app.state.role = role
     return app

@@ -16,16 +16,17 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sie.core.errors import SieError
 
 __all__ = [
     "EXCEPTION_HANDLERS",
+    "CatchAll",
     "error_headers",
     "http_exception_handler",
     "openai_error",
     "sie_error_handler",
-    "unexpected_error_handler",
 ]
 
 log = logging.getLogger(__name__)
@@ -63,13 +64,45 @@ async def http_exception_handler(request: Request, exc: Exception) -> Response:
     )
 
 
-async def unexpected_error_handler(request: Request, exc: Exception) -> Response:
-    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return JSONResponse(
-        {"error": {"code": "INTERNAL_ERROR", "message": f"internal error: {type(exc).__name__}"}},
-        status_code=500,
-        headers={"X-SIE-Error-Code": "INTERNAL_ERROR"},
-    )
+class CatchAll:
+    """Last resort: an unexpected exception becomes one logged 500 with a stable code.
+
+    Unlike Starlette's server-error handler it does not re-raise, so the server
+    does not log the same failure twice. Cancellation passes through.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            log.exception(
+                "unhandled error on %s %s", scope.get("method"), scope.get("path"), exc_info=exc
+            )
+            if started:
+                return  # headers are out; the connection is closed by the server
+            err = InternalError(f"internal error: {type(exc).__name__}")
+            if str(scope.get("path", "")).startswith("/v1/embeddings"):
+                response: Response = openai_error(err)
+            else:
+                response = sie_error_response(err)
+            await response(scope, receive, send)
+
+
+class InternalError(SieError):
+    """500 INTERNAL_ERROR for a bug: never raised on purpose."""
 
 
 def openai_error(exc: SieError) -> JSONResponse:
@@ -84,8 +117,7 @@ def openai_error(exc: SieError) -> JSONResponse:
 
 
 #: The handlers every SIE Starlette app installs.
-EXCEPTION_HANDLERS = {
+EXCEPTION_HANDLERS: dict[Any, Any] = {
     SieError: sie_error_handler,
     HTTPException: http_exception_handler,
-    Exception: unexpected_error_handler,
 }

@@ -18,6 +18,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -26,10 +27,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sie import __version__
 from sie.core.errors import InvalidInput, SieError
 from sie.core.registry import ModelEntry
-from sie.http.errors import EXCEPTION_HANDLERS
+from sie.http.errors import EXCEPTION_HANDLERS, CatchAll
 from sie.http.negotiation import read_payload, render, validate
 from sie.http.openai import embeddings
-from sie.http.schemas import EncodeRequest
+from sie.http.schemas import EncodeParams, EncodeRequest
 from sie.roles.gateway import Collected, GatewayRole
 from sie.telemetry import METRICS, Metrics
 
@@ -73,6 +74,20 @@ def _timing_headers(c: Collected) -> dict[str, str]:
     }
 
 
+def _profile_target(gateway: GatewayRole, model: str, profile: str | None) -> str:
+    """``options.profile`` selects a named profile: route to the ``model:profile`` id (§16.1)."""
+    if profile is None or profile == "default":
+        return model
+    target = f"{model}:{profile}"
+    if target not in gateway.registry.snapshot.entries:
+        gateway.registry.resolve(model)  # unknown base model: 404 first
+        raise InvalidInput(
+            f"params.options.profile: model {model!r} has no routable profile {profile!r}",
+            field="params.options.profile",
+        )
+    return target
+
+
 async def encode(request: Request) -> Response:
     """``POST /v1/encode/{model}`` (reference §1.5; architecture §2)."""
     gateway: GatewayRole = request.app.state.gateway
@@ -83,11 +98,14 @@ async def encode(request: Request) -> Response:
     try:
         payload = await read_payload(request, gateway.settings.max_body_bytes)
         req: EncodeRequest = validate(EncodeRequest, payload)
-        entry, _ = gateway.registry.resolve(model)
-        params = req.params
-        output_types = (
-            [str(t) for t in params.output_types] if params and params.output_types else None
-        )
+        params = req.params or EncodeParams()
+        options = params.options.model_dump(exclude_none=True) if params.options else {}
+        target = _profile_target(gateway, model, options.pop("profile", None))
+        entry, _ = gateway.registry.resolve(target)
+        # precedence: params, then options, then the profile's runtime defaults
+        output_types = [
+            str(t) for t in params.output_types or options.pop("output_types", None) or []
+        ] or None
         wanted = output_types or entry.profile.runtime.get("output_types") or ["dense"]
         unsupported = [t for t in wanted if t not in entry.config.outputs]
         if unsupported:
@@ -101,17 +119,17 @@ async def encode(request: Request) -> Response:
                     f"items[{i}].text: required for model {model!r} (text input)",
                     field=f"items[{i}].text",
                 )
-        options = dict(params.options or {}) if params else {}
-        is_query = (
-            params.is_query
-            if params and params.is_query is not None
-            else options.pop("is_query", None)
+        is_query = params.is_query if params.is_query is not None else options.pop("is_query", None)
+        instruction = (
+            params.instruction
+            if params.instruction is not None
+            else options.pop("instruction", None)
         )
         collected = await gateway.encode(
-            model,
+            target,
             [{"text": item.text} for item in req.items],
             output_types=output_types,
-            instruction=params.instruction if params else None,
+            instruction=instruction,
             is_query=is_query,
             options=options or None,
             pool=request.headers.get("x-sie-pool"),
@@ -249,6 +267,7 @@ def build_gateway_app(gateway: GatewayRole, metrics: Metrics = METRICS) -> Starl
             Route("/metrics", metrics_endpoint, methods=["GET"]),
         ],
         exception_handlers=EXCEPTION_HANDLERS,
+        middleware=[Middleware(CatchAll)],
     )
     app.state.gateway = gateway
     app.state.metrics = metrics

@@ -44,7 +44,7 @@ async def read_payload(request: Request, max_bytes: int) -> Any:
         return unpackb(bytes(body))
     try:
         return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise WireError(f"malformed JSON body: {exc}", field="body") from exc
 
 

@@ -6,11 +6,12 @@ errors and missing required fields are 400 INVALID_INPUT naming the field.
 
 from __future__ import annotations
 
+from string import Formatter
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
-__all__ = ["EmbeddingsRequest", "EncodeParams", "EncodeRequest", "Item"]
+__all__ = ["EmbeddingsRequest", "EncodeOptions", "EncodeParams", "EncodeRequest", "Item"]
 
 OutputType = Literal["dense", "sparse", "multivector"]
 
@@ -27,12 +28,43 @@ class Item(_Lenient):
     metadata: dict[str, Any] | None = None
 
 
+def _check_template(v: str | None) -> str | None:
+    if v is None:
+        return v
+    try:
+        names = {f for _, f, _, _ in Formatter().parse(v) if f is not None}
+    except ValueError as exc:
+        raise ValueError(f"not a valid format string: {exc}") from exc
+    if not names <= {"text", "instruction"}:
+        raise ValueError(
+            f"may only use the fields {{text}} and {{instruction}}, not {sorted(names - {'text', 'instruction'})}"
+        )
+    return v
+
+
+class EncodeOptions(BaseModel):
+    """Runtime options (reference §1.5). Known keys are type-checked; others pass through
+    to the engine untouched."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    profile: StrictStr | None = None
+    output_types: list[OutputType] | None = Field(default=None, min_length=1)
+    is_query: StrictBool | None = None
+    instruction: StrictStr | None = None
+    normalize: StrictBool | None = None
+    query_template: StrictStr | None = None
+    doc_template: StrictStr | None = None
+
+    _templates = field_validator("query_template", "doc_template")(_check_template)
+
+
 class EncodeParams(_Lenient):
     output_types: list[OutputType] | None = Field(default=None, min_length=1)
     instruction: StrictStr | None = None
     is_query: StrictBool | None = None
     output_dtype: Literal["float32"] | None = None
-    options: dict[str, Any] | None = None
+    options: EncodeOptions | None = None
 
 
 class EncodeRequest(_Lenient):

@@ -212,8 +212,16 @@ class WorkerRole:
                 f"items[{item.item_index}].text must be a string",
                 field=f"items[{item.item_index}].text",
             )
-        options = {**entry.profile.runtime, **(item.options or {})}
-        output_types = tuple(sorted(item.output_types or options.get("output_types") or ["dense"]))
+        options = {
+            **entry.profile.runtime,
+            **(item.options if isinstance(item.options, dict) else {}),
+        }
+        wanted = item.output_types or options.get("output_types") or ["dense"]
+        if not isinstance(wanted, list) or not all(isinstance(t, str) for t in wanted):
+            raise InvalidInput(
+                "output_types must be a list of strings", field="params.output_types"
+            )
+        output_types = tuple(sorted(wanted))
         loaded = await self.models.get(entry)
         unsupported = [
             t

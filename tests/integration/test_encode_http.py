@@ -104,6 +104,25 @@ def test_order_preserved_under_32_concurrent_requests(
             np.testing.assert_allclose(vecs[j], expected[(i + j) % 32], atol=1e-5)
 
 
+def test_templates_and_default_profile(client: httpx.Client, st_model: object) -> None:
+    r = client.post(
+        URL,
+        json={
+            "items": [{"text": "bread"}],
+            "params": {
+                "is_query": True,
+                "options": {"profile": "default", "query_template": "query: {text}"},
+            },
+        },
+    )
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(dense(r)[0], st_model.encode(["query: bread"])[0], atol=1e-5)  # type: ignore[attr-defined]
+    r = client.post(
+        URL, json={"items": [{"text": "bread"}], "params": {"instruction": "Represent:"}}
+    )
+    np.testing.assert_allclose(dense(r)[0], st_model.encode(["Represent: bread"])[0], atol=1e-5)  # type: ignore[attr-defined]
+
+
 def test_options_and_query_flag_accepted(client: httpx.Client) -> None:
     r = client.post(
         URL,
@@ -194,6 +213,75 @@ BAD = [
         "params.output_types",
     ),
     ("body not an object", {"json": [1, 2]}, 400, "INVALID_INPUT", "body"),
+    (
+        "deeply nested json",
+        {
+            "content": b"[" * 100_000 + b"]" * 100_000,
+            "headers": {"Content-Type": "application/json"},
+        },
+        400,
+        "INVALID_PAYLOAD",
+        "body",
+    ),
+    (
+        "fake numpy map in msgpack",
+        {
+            "content": msgpack.packb(
+                {"items": [{"text": {"nd": False, "type": "<f4", "kind": b"", "data": b""}}]}
+            ),
+            "headers": {"Content-Type": "application/msgpack"},
+        },
+        400,
+        "INVALID_PAYLOAD",
+        None,
+    ),
+    (
+        "bad template field",
+        {
+            "json": {
+                "items": [{"text": "a"}],
+                "params": {"is_query": True, "options": {"query_template": "q: {foo}"}},
+            }
+        },
+        400,
+        "INVALID_INPUT",
+        "params.options.query_template",
+    ),
+    (
+        "positional template",
+        {"json": {"items": [{"text": "a"}], "params": {"options": {"doc_template": "{} {text}"}}}},
+        400,
+        "INVALID_INPUT",
+        "params.options.doc_template",
+    ),
+    (
+        "options.output_types not a list",
+        {"json": {"items": [{"text": "a"}], "params": {"options": {"output_types": 5}}}},
+        400,
+        "INVALID_INPUT",
+        "params.options.output_types",
+    ),
+    (
+        "options.normalize not a bool",
+        {"json": {"items": [{"text": "a"}], "params": {"options": {"normalize": "yes"}}}},
+        400,
+        "INVALID_INPUT",
+        "params.options.normalize",
+    ),
+    (
+        "unknown profile",
+        {"json": {"items": [{"text": "a"}], "params": {"options": {"profile": "turbo"}}}},
+        400,
+        "INVALID_INPUT",
+        "params.options.profile",
+    ),
+    (
+        "output_dtype not supported",
+        {"json": {"items": [{"text": "a"}], "params": {"output_dtype": "int8"}}},
+        400,
+        "INVALID_INPUT",
+        "params.output_dtype",
+    ),
 ]
 
 
@@ -265,6 +353,19 @@ def test_worker_survives_bad_input_and_poison_work(client: httpx.Client, stack: 
         return WorkResult.from_bytes(msg.data)
 
     result = stack.portal.call(poison)
+    assert not result.success and result.error_code == "INVALID_INPUT"
+
+    async def odd_options() -> WorkResult:
+        reply = inbox_subject("probe", "p2")
+        sub = await bus.subscribe(reply)
+        odd = WorkItem("p2.0", "p2", 0, 1, "encode", MINILM, "default", "default", "probe", reply,
+                       item={"text": "x"}, options={"output_types": 5})  # fmt: skip
+        await bus.js_publish(subject, odd.to_bytes())
+        msg = await sub.next_msg(10)
+        await sub.unsubscribe()
+        return WorkResult.from_bytes(msg.data)
+
+    result = stack.portal.call(odd_options)
     assert not result.success and result.error_code == "INVALID_INPUT"
     ok = client.post(URL, json={"items": [{"text": "still alive"}]})
     assert ok.status_code == 200
