@@ -102,15 +102,16 @@ class Container:
         s = self.settings
         running = Running(self.registry, self.bus)
         async with self.bus, anyio.create_task_group() as roles:
+            # the gateway subscribes first, so it hears the worker's first heartbeat
+            if "gateway" in s.roles:
+                running.gateway = GatewayRole(self.bus, self.registry, s)
+                await roles.start(running.gateway.run)
             if "worker" in s.roles:
                 running.worker = WorkerRole(self.bus, self.registry, s, self.metrics)
                 await roles.start(running.worker.run)
             if "config" in s.roles:
                 running.config = ConfigRole(self.registry)
                 await roles.start(running.config.run)
-            if "gateway" in s.roles:
-                running.gateway = GatewayRole(self.bus, self.registry, s)
-                await roles.start(running.gateway.run)
             async with anyio.create_task_group() as http:
                 if running.gateway is not None:
                     app = build_gateway_app(running.gateway, self.metrics)

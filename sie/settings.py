@@ -7,6 +7,7 @@ Units are in the names (``_s`` seconds, ``_bytes``).
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Mapping
 from typing import Literal
@@ -67,6 +68,13 @@ class ServeSettings(BaseModel):
                 f"roles must be a non-empty subset of {','.join(ROLES)}; got {bad or 'nothing'}"
             )
         return tuple(dict.fromkeys(items))
+
+    @field_validator("pool", "machine_profile", "bundle")
+    @classmethod
+    def _lane_token(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", v):
+            raise ValueError(f"{v!r} must match [A-Za-z0-9_-]+")
+        return v.lower()
 
     @field_validator("preload", mode="before")
     @classmethod

@@ -19,6 +19,7 @@ Tree::
     ├── ResourceExhausted          503 RESOURCE_EXHAUSTED (retryable, Retry-After 5)
     ├── Backpressure               503 QUEUE_FULL         (retryable, Retry-After 5)
     ├── QueueUnavailable           503 QUEUE_UNAVAILABLE
+    ├── Provisioning               503 PROVISIONING       (no worker serves the lane; Retry-After 60)
     ├── GatewayTimeout             504 GATEWAY_TIMEOUT    (retryable, Retry-After 5)
     ├── ShuttingDown               503 SHUTTING_DOWN      (retryable, Retry-After 5)
     └── WireError                  400 INVALID_PAYLOAD    (undecodable msgpack / JSON)
@@ -38,6 +39,7 @@ __all__ = [
     "ModelLoading",
     "ModelNotFound",
     "PayloadTooLarge",
+    "Provisioning",
     "QueueUnavailable",
     "ResourceExhausted",
     "ShuttingDown",
@@ -142,6 +144,14 @@ class GatewayTimeout(SieError):
     retry_after_s = 5
 
 
+class Provisioning(SieError):
+    """No live worker serves the requested lane (architecture §2: pre-execution, retry later)."""
+
+    code = "PROVISIONING"
+    status = 503
+    retry_after_s = 60
+
+
 class ShuttingDown(SieError):
     code = "SHUTTING_DOWN"
     status = 503
@@ -165,6 +175,7 @@ _BY_CODE: dict[str, type[SieError]] = {
         Backpressure,
         QueueUnavailable,
         GatewayTimeout,
+        Provisioning,
         ShuttingDown,
     )
 }

@@ -39,8 +39,15 @@ class EncodeEngine(Protocol):
         """Release weights and device memory; idempotent."""
         ...
 
-    def count_tokens(self, texts: Sequence[str]) -> list[int]:
-        """Token count per text after truncation to ``max_sequence_length`` (>= 1 each)."""
+    def prepare(self, texts: Sequence[str]) -> tuple[list[str], list[int]]:
+        """Bound each text to what the model will read, and count its tokens.
+
+        Returns:
+            ``(texts, tokens)``: texts that encode exactly as the originals under
+            truncation to ``max_sequence_length`` (long inputs clipped, so their cost
+            is bounded), and each one's token count after truncation (>= 1).
+            Thread-safe with respect to a concurrent ``encode``.
+        """
         ...
 
     def encode(

@@ -92,8 +92,10 @@ class TokenBudgetBatcher(Generic[P, R]):
         """Queue one item and wait for its result.
 
         Raises:
+            TypeError: ``key`` is not hashable.
             Whatever ``run_batch`` raised for this item's group.
         """
+        hash(key)  # an unhashable key fails here, for this caller only (TypeError)
         item: _Pending[P, R] = _Pending(payload, max(1, cost), key, time.monotonic())
         self._queue.append(item)
         self._arrived.set()
@@ -149,8 +151,15 @@ class TokenBudgetBatcher(Generic[P, R]):
                 if remaining <= 0 or not await self._wait_arrival(min(self.coalesce_s, remaining)):
                     break
             batch = self._take()
-            if batch:
+            if not batch:
+                continue
+            try:
                 await self._execute(batch)
+            except Exception as exc:  # never let one batch stop the loop
+                for p in batch:
+                    if not p.done.is_set():
+                        p.error = exc
+                        p.done.set()
 
     async def _execute(self, batch: list[_Pending[P, R]]) -> None:
         groups: dict[Hashable, list[_Pending[P, R]]] = {}

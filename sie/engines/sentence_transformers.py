@@ -8,6 +8,7 @@ torch and sentence-transformers are imported in ``load`` only (extra ``st``).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -48,7 +49,7 @@ class DenseEncoder:
         self.profile = profile
         self.device = device
         self._model: Any = None
-        self._tokenizer: Any = None
+        self._counter: Any = None
 
     def load(self) -> None:
         path = resolve_weights(self.config)
@@ -79,24 +80,46 @@ class DenseEncoder:
             )
         model.eval()
         self._model = model
-        self._tokenizer = model.tokenizer
+        backend = getattr(model.tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            # A private copy: the inference thread re-configures the shared tokenizer's
+            # truncation/padding on every encode, so counting must not touch it.
+            backend = copy.deepcopy(backend)
+            backend.no_truncation()
+            backend.no_padding()
+        self._counter = backend
 
     def unload(self) -> None:
         self._model = None
-        self._tokenizer = None
+        self._counter = None
 
     @property
     def dim(self) -> int:
         return int(self._model.get_sentence_embedding_dimension())
 
-    def count_tokens(self, texts: Sequence[str]) -> list[int]:
-        enc = self._tokenizer(
-            list(texts),
-            truncation=True,
-            max_length=self._model.max_seq_length,
-            add_special_tokens=True,
-        )["input_ids"]
-        return [max(1, len(ids)) for ids in enc]
+    def _clip(self, text: str, window: int) -> str:
+        """A whitespace-bounded prefix holding at least ``window`` tokens, else ``text``.
+
+        Encoding the prefix under truncation gives exactly the tokens of the full
+        text, so huge inputs cost a bounded amount of tokenisation and inference.
+        """
+        n = window * 32
+        while n < len(text):
+            cut = max(text.rfind(" ", 0, n), text.rfind("\n", 0, n), text.rfind("\t", 0, n))
+            if cut > 0:
+                prefix = text[:cut]
+                if len(self._counter.encode(prefix, add_special_tokens=False).ids) >= window:
+                    return prefix
+            n *= 4
+        return text
+
+    def prepare(self, texts: Sequence[str]) -> tuple[list[str], list[int]]:
+        window = int(self._model.max_seq_length)
+        if self._counter is None:  # no fast tokenizer: estimate, reference §4.6 char count
+            return list(texts), [max(1, min(window, len(t) // 4)) for t in texts]
+        clipped = [self._clip(t, window) for t in texts]
+        encs = self._counter.encode_batch(clipped)
+        return clipped, [max(1, min(window, len(e.ids))) for e in encs]
 
     def encode(
         self,

@@ -27,6 +27,7 @@ from sie.core.errors import (
     GatewayTimeout,
     InferenceError,
     InvalidInput,
+    Provisioning,
     SieError,
     WireError,
     error_for_code,
@@ -115,6 +116,7 @@ class GatewayRole:
         self._streams: set[str] = set()
         self.workers: dict[str, WorkerView] = {}
         self.started_at = time.time()
+        self._started_mono = time.monotonic()
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -164,6 +166,20 @@ class GatewayRole:
             if now - w.seen_at <= 3 * max(w.heartbeat.interval_s, 0.1)
         ]
 
+    def lane_served(self, pool: str, machine_profile: str, bundle: str) -> bool:
+        """Whether a live worker consumes this lane (architecture §2 provisioning rule).
+
+        Until the gateway has been up for three heartbeat intervals it cannot know,
+        and answers True so that early requests queue rather than fail.
+        """
+        lane = (pool, machine_profile, bundle)
+        if any(
+            (hb.pool.lower(), hb.machine_profile.lower(), hb.bundle) == lane
+            for hb in self.live_workers()
+        ):
+            return True
+        return time.monotonic() - self._started_mono < 3 * self.settings.heartbeat_interval_s
+
     def model_state(self, model_id: str) -> tuple[str, dict[str, Any] | None]:
         """Aggregate state over live workers: loading > loaded > failed > available."""
         states: list[str] = []
@@ -207,6 +223,7 @@ class GatewayRole:
         Raises:
             ModelNotFound: unknown model (404).
             InvalidInput: too many items (400).
+            Provisioning: no live worker serves the lane (503, Retry-After 60).
             Backpressure: the pool's stream is full (503, Retry-After 5).
             GatewayTimeout: not every result arrived within ``timeout_s`` (504).
             SieError: the workers' error, when every item failed with one code
@@ -227,6 +244,13 @@ class GatewayRole:
                 )
         pool = (pool or entry.config.effective_pool).lower()
         profile = (machine_profile or self.settings.machine_profile).lower()
+        if not self.lane_served(pool, profile, bundle):
+            raise Provisioning(
+                f"no worker serves pool {pool!r}, machine profile {profile!r}, bundle {bundle!r}; retry later",
+                pool=pool,
+                machine_profile=profile,
+                bundle=bundle,
+            )
         subject = work_subject(pool, profile, bundle, model_id)
         request_id = uuid7()
         reply = inbox_subject(self.router_id, request_id)

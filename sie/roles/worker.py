@@ -36,6 +36,9 @@ __all__ = ["WorkerRole", "encode_batch_fn"]
 
 log = logging.getLogger(__name__)
 
+#: Texts up to this many characters are tokenised inline (microseconds); longer ones in a thread.
+INLINE_PREPARE_CHARS = 2048
+
 
 def encode_batch_fn(engine: EncodeEngine) -> Any:
     """The batcher's ``run_batch`` for encode: one engine call per config group."""
@@ -57,14 +60,22 @@ def encode_batch_fn(engine: EncodeEngine) -> Any:
 
 
 def _freeze(options: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """A hashable, order-independent batch-group key for runtime options."""
+
     def f(v: Any) -> Any:
         if isinstance(v, dict):
-            return tuple(sorted((k, f(x)) for k, x in v.items()))
-        if isinstance(v, list):
+            return tuple(sorted(((str(k), f(x)) for k, x in v.items()), key=repr))
+        if isinstance(v, list | tuple):
             return tuple(f(x) for x in v)
+        if isinstance(v, np.ndarray):
+            return ("ndarray", v.dtype.str, v.shape, v.tobytes())
+        try:
+            hash(v)
+        except TypeError:
+            return repr(v)
         return v
 
-    return tuple(sorted((k, f(v)) for k, v in options.items()))
+    return tuple(sorted(((str(k), f(v)) for k, v in options.items()), key=repr))
 
 
 class WorkerRole:
@@ -146,8 +157,18 @@ class WorkerRole:
                 tg.start_soon(self._handle, msg)
 
     async def _handle(self, msg: JsMsg) -> None:
+        """Settle one message; nothing raised here may stop the worker."""
         try:
             await self._handle_one(msg)
+        except Exception:
+            log.exception(
+                "unexpected failure handling a work item on %s; NAK for redelivery", msg.subject
+            )
+            with anyio.CancelScope(shield=True):
+                try:
+                    await msg.nak(5.0)
+                except BusError:
+                    pass
         finally:
             self._inflight.release()
 
@@ -238,7 +259,11 @@ class WorkerRole:
             item.is_query if item.is_query is not None else options.get("is_query", False)
         )
         t_tok = time.monotonic()
-        tokens = loaded.engine.count_tokens([text])[0]
+        if len(text) <= INLINE_PREPARE_CHARS:
+            texts, counts = loaded.engine.prepare([text])
+        else:  # long input: tokenise off the event loop (and off the inference thread)
+            texts, counts = await anyio.to_thread.run_sync(loaded.engine.prepare, [text])
+        text, tokens = texts[0], counts[0]
         tokenization_ms = (time.monotonic() - t_tok) * 1000.0
         key = (output_types, instruction, is_query, _freeze(options))
         vectors, stats = await loaded.batcher.submit(text, tokens, key)

@@ -384,11 +384,15 @@ def test_body_limit() -> None:
         assert many.status_code == 400 and many.json()["detail"]["field"] == "items"
 
 
-def test_timeout_without_worker_is_504() -> None:
+def test_no_worker_for_the_lane() -> None:
+    """Inside the start-up grace a request is queued and times out (504); after it, the
+    gateway knows no worker serves the lane and answers 503 PROVISIONING at once (§2)."""
+    import time
+
     from tests.conftest import run_stack
 
     with (
-        run_stack(roles=("gateway",), request_timeout_s=0.5) as s,
+        run_stack(roles=("gateway",), request_timeout_s=0.5, heartbeat_interval_s=0.3) as s,
         httpx.Client(base_url=s.base_url) as c,
     ):
         r = c.post(URL, json={"items": [{"text": "nobody home"}]})
@@ -397,5 +401,26 @@ def test_timeout_without_worker_is_504() -> None:
             r.headers["retry-after"] == "5" and r.headers["x-sie-error-code"] == "GATEWAY_TIMEOUT"
         )
         assert r.json()["error"]["code"] == "GATEWAY_TIMEOUT"
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        r = c.post(URL, json={"items": [{"text": "nobody home"}]})
+        assert time.monotonic() - t0 < 0.4
+        assert r.status_code == 503 and r.headers["retry-after"] == "60"
+        assert (
+            r.json()["error"]["code"] == "PROVISIONING" and r.json()["error"]["bundle"] == "default"
+        )
         h = c.get("/health").json()
         assert h["status"] == "degraded" and h["workers"] == []
+
+
+def test_unserved_machine_profile_is_provisioning(client: httpx.Client, stack: Stack) -> None:
+    import time
+
+    gw = stack.running.gateway
+    assert gw is not None
+    while time.monotonic() - gw._started_mono < 3 * stack.settings.heartbeat_interval_s:
+        time.sleep(0.1)
+    r = client.post(URL, json={"items": [{"text": "a"}]}, headers={"X-SIE-Machine-Profile": "h100"})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "PROVISIONING"
+    r = client.post(URL, json={"items": [{"text": "a"}]}, headers={"X-SIE-Pool": "tenant-a"})
+    assert r.status_code == 503 and r.json()["error"]["pool"] == "tenant-a"

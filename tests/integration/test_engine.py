@@ -49,10 +49,61 @@ def test_shapes_tokens_and_truncation(engine: DenseEncoder) -> None:
         ["a", "b c"], output_types=["dense"], instruction=None, is_query=False, options={}
     )
     assert out["dense"].shape == (2, 384) and out["dense"].dtype == np.float32
-    counts = engine.count_tokens(["hello", "word " * 1000])
-    assert (
-        counts[0] == 3 and counts[1] == 256
-    )  # [CLS] hello [SEP]; truncated at max_sequence_length
+    texts, counts = engine.prepare(["hello", "word " * 5000])
+    assert counts == [3, 256]  # [CLS] hello [SEP]; truncated at max_sequence_length
+    assert texts[0] == "hello" and len(texts[1]) < 10_000  # clipped to a bounded prefix
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "word " * 200_000,
+        ("Long documents mix punctuation, numbers (1,234.5) and\nnew lines\twith tabs. " * 5000),
+        "x" * 50_000,  # no whitespace at all: nothing to clip at, encoded whole
+        "short text stays as it is",
+    ],
+    ids=["many-words", "mixed", "one-giant-word", "short"],
+)
+def test_clipping_is_exact(engine: DenseEncoder, st_model: object, text: str) -> None:
+    (clipped,), (tokens,) = engine.prepare([text])
+    assert text.startswith(clipped) and 1 <= tokens <= 256
+    kw = {
+        "output_types": ["dense"],
+        "instruction": None,
+        "is_query": False,
+        "options": {"normalize": True},
+    }
+    got = engine.encode([clipped], **kw)["dense"][0]
+    np.testing.assert_allclose(got, st_model.encode([text])[0], atol=1e-5)  # type: ignore[attr-defined]
+
+
+def test_prepare_is_safe_during_encode(engine: DenseEncoder) -> None:
+    """Counting on another thread must not disturb the inference tokenizer (a race a trial found)."""
+    import threading
+
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def count() -> None:
+        while not stop.is_set():
+            try:
+                engine.prepare(["a b c " * 50, "x"])
+            except BaseException as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=count)]
+    for t in threads:
+        t.start()
+    try:
+        kw = {"output_types": ["dense"], "instruction": None, "is_query": False, "options": {}}
+        for i in range(15):
+            out = engine.encode([f"text {i} " * (1 + i % 40), "y", "z " * 300], **kw)["dense"]
+            assert out.shape == (3, 384)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert errors == []
 
 
 def test_templates() -> None:
