@@ -44,6 +44,7 @@ class ServeSettings(BaseModel):
     request_timeout_s: float = Field(default=30.0, gt=0)
     max_body_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
     max_items_per_request: int = Field(default=4096, gt=0)
+    max_text_chars: int = Field(default=1_000_000, gt=0)
     drain_timeout_s: float = Field(default=25.0, ge=0)
     # streams (architecture §8.2)
     stream_max_age_s: float = 1800.0
@@ -111,6 +112,7 @@ ENV_VARS: dict[str, str] = {
     "SIE_GATEWAY_REQUEST_TIMEOUT": "request_timeout_s",
     "SIE_MAX_BODY_BYTES": "max_body_bytes",
     "SIE_MAX_ITEMS_PER_REQUEST": "max_items_per_request",
+    "SIE_MAX_TEXT_CHARS": "max_text_chars",
     "SIE_DRAIN_TIMEOUT_S": "drain_timeout_s",
     "SIE_STREAM_MAX_AGE_S": "stream_max_age_s",
     "SIE_STREAM_MAX_MSGS": "stream_max_msgs",

@@ -222,7 +222,7 @@ class GatewayRole:
 
         Raises:
             ModelNotFound: unknown model (404).
-            InvalidInput: too many items (400).
+            InvalidInput: too many items, or a text over ``max_text_chars`` (400).
             Provisioning: no live worker serves the lane (503, Retry-After 60).
             Backpressure: the pool's stream is full (503, Retry-After 5).
             GatewayTimeout: not every result arrived within ``timeout_s`` (504).
@@ -237,6 +237,15 @@ class GatewayRole:
                 field="items",
             )
         entry, bundle = self.registry.resolve(model_id)
+        limit = self.settings.max_text_chars
+        for i, item in enumerate(items):
+            text = item.get("text")
+            if isinstance(text, str) and len(text) > limit:
+                raise InvalidInput(
+                    f"items[{i}].text: {len(text)} characters exceeds the limit of {limit} "
+                    f"(the model reads at most {entry.config.max_sequence_length or 'its window of'} tokens)",
+                    field=f"items[{i}].text",
+                )
         for header, value in (("X-SIE-Pool", pool), ("X-SIE-Machine-Profile", machine_profile)):
             if value is not None and not POOL_RE.match(value):
                 raise InvalidInput(

@@ -371,6 +371,39 @@ def test_worker_survives_bad_input_and_poison_work(client: httpx.Client, stack: 
     assert ok.status_code == 200
 
 
+def test_numpy_option_values_do_not_crash_the_worker(client: httpx.Client) -> None:
+    """A msgpack array inside options once killed the process (unhashable batch key)."""
+    body = msgpack.packb(
+        {"items": [{"text": "a"}, {"text": "b"}], "params": {"options": {"x": np.arange(3)}}},
+        default=msgpack_numpy.encode,
+    )
+    for _ in range(2):
+        r = client.post(URL, content=body, headers={"Content-Type": "application/msgpack"})
+        assert r.status_code == 200, r.text
+    assert client.post(URL, json={"items": [{"text": "alive"}]}).status_code == 200
+
+
+def test_huge_texts_stay_cheap(client: httpx.Client, st_model: object) -> None:
+    """Clipped to the model window off the event loop; probes keep answering meanwhile."""
+    import threading
+    import time
+
+    text = "word " * 190_000  # 950k chars, under the default 1M-character cap
+    done: list[httpx.Response] = []
+    t = threading.Thread(
+        target=lambda: done.append(client.post(URL, json={"items": [{"text": text}]}, timeout=60))
+    )
+    t0 = time.monotonic()
+    t.start()
+    with httpx.Client(base_url=str(client.base_url), timeout=5) as probe:
+        assert probe.get("/healthz").text == "ok"
+    t.join(60)
+    assert done[0].status_code == 200 and time.monotonic() - t0 < 20
+    np.testing.assert_allclose(dense(done[0])[0], st_model.encode(["word " * 300])[0], atol=1e-5)  # type: ignore[attr-defined]
+    over = client.post(URL, json={"items": [{"text": "x"}, {"text": "y" * 1_000_001}]})
+    assert over.status_code == 400 and over.json()["detail"]["field"] == "items[1].text"
+
+
 def test_body_limit() -> None:
     from tests.conftest import run_stack
 
