@@ -10,8 +10,10 @@ from __future__ import annotations
 import re
 
 __all__ = [
+    "CANCEL_WILDCARD",
     "CONFIG_ALL_SUBJECT",
     "HEALTH_WILDCARD",
+    "cancel_subject",
     "config_subject",
     "health_subject",
     "inbox_subject",
@@ -27,6 +29,7 @@ __all__ = [
 _UNSAFE = re.compile(r"[*>\s]")
 CONFIG_ALL_SUBJECT = "sie.config.models._all"
 HEALTH_WILDCARD = "sie.health.>"
+CANCEL_WILDCARD = "work_cancel.>"
 
 
 def normalize_model_id(model_id: str) -> str:
@@ -67,6 +70,11 @@ def inbox_subject(router_id: str, request_id: str) -> str:
 def inbox_wildcard(router_id: str) -> str:
     """``_INBOX.{router_id}.>``: the gateway's one app-wide result subscription."""
     return f"_INBOX.{normalize_model_id(router_id)}.>"
+
+
+def cancel_subject(router_id: str, request_id: str) -> str:
+    """``work_cancel.{router_id}.{request_id}``: best-effort request abandonment (§8)."""
+    return f"work_cancel.{normalize_model_id(router_id)}.{normalize_model_id(request_id)}"
 
 
 def health_subject(worker_id: str) -> str:

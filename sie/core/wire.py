@@ -33,6 +33,7 @@ __all__ = [
     "WorkItem",
     "WorkResult",
     "packb",
+    "salvage_reply",
     "to_jsonable",
     "unpackb",
 ]
@@ -120,6 +121,35 @@ def unpackb(data: bytes) -> Any:
         msgpack.ExtraData,
     ) as exc:
         raise WireError(f"malformed msgpack body: {exc}") from exc
+
+
+def salvage_reply(data: bytes) -> tuple[str, WorkResult] | None:
+    """For a work item that does not decode: ``(reply_subject, error result)`` if its
+    reply fields can still be read, else None."""
+    try:
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception:  # anything at all: this is the last-chance path
+        return None
+    if not isinstance(raw, dict):
+        return None
+    reply, rid, wid, idx = (
+        raw.get(k) for k in ("reply_subject", "request_id", "work_item_id", "item_index")
+    )
+    if not (
+        isinstance(reply, str)
+        and isinstance(rid, str)
+        and isinstance(wid, str)
+        and isinstance(idx, int)
+    ):
+        return None
+    return reply, WorkResult(
+        work_item_id=wid,
+        request_id=rid,
+        item_index=idx,
+        success=False,
+        error="work item could not be decoded",
+        error_code="INVALID_PAYLOAD",
+    )
 
 
 def to_jsonable(obj: Any) -> Any:

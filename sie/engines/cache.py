@@ -123,18 +123,20 @@ class ModelCache:
             await self.unload(entry.model_id)  # config changed: drop the old engine / failure
             slot = None
         if slot is None:
+            assert self._tg is not None, "ModelCache.run() is not running"
             slot = self._slots[entry.model_id] = _Slot(state="loading", config_key=key)
             self._changed()
-            await self._load(entry, slot)
-        else:
-            await slot.ready.wait()
+            # The load belongs to the cache, not to this caller: cancelling the caller
+            # (an abandoned request) must not leave a half-loaded slot behind.
+            self._tg.start_soon(self._load, entry, slot)
+        await slot.ready.wait()
         if slot.loaded is None:
             assert slot.error is not None
             raise slot.error
         return slot.loaded
 
     async def _load(self, entry: ModelEntry, slot: _Slot) -> None:
-        assert self._tg is not None, "ModelCache.run() is not running"
+        assert self._tg is not None
         limiter = anyio.CapacityLimiter(1)
         t0 = time.monotonic()
         try:

@@ -33,7 +33,13 @@ from sie.core.errors import (
     error_for_code,
 )
 from sie.core.registry import ModelEntry, ModelRegistry
-from sie.core.subjects import HEALTH_WILDCARD, inbox_subject, inbox_wildcard, work_subject
+from sie.core.subjects import (
+    HEALTH_WILDCARD,
+    cancel_subject,
+    inbox_subject,
+    inbox_wildcard,
+    work_subject,
+)
 from sie.core.wire import Heartbeat, WorkItem, WorkResult
 from sie.settings import ServeSettings
 from sie.transport.base import Bus, NoStreamError, StreamFullError, work_stream_config
@@ -214,6 +220,7 @@ class GatewayRole:
         pool: str | None = None,
         machine_profile: str | None = None,
         timeout_s: float | None = None,
+        request_id: str | None = None,
     ) -> Collected:
         """Fan ``items`` out as encode work items and wait for every result.
 
@@ -261,10 +268,11 @@ class GatewayRole:
                 bundle=bundle,
             )
         subject = work_subject(pool, profile, bundle, model_id)
-        request_id = uuid7()
+        request_id = request_id or uuid7()
         reply = inbox_subject(self.router_id, request_id)
         col = _Collector(len(items), [None] * len(items), len(items))
         self._pending[request_id] = col
+        published = False
         try:
             await self._ensure_stream(pool)
             now = time.time()
@@ -289,6 +297,7 @@ class GatewayRole:
                     is_query=is_query,
                     options=dict(options) if options else None,
                 )
+                published = True
                 await self._publish(subject, wi)
             publish_ms = (time.monotonic() - t0) * 1000.0
             try:
@@ -303,9 +312,19 @@ class GatewayRole:
                 ) from None
         finally:
             self._pending.pop(request_id, None)
+            if published and not col.done.is_set():
+                await self._abandon(request_id)
         results = [r for r in col.results if r is not None]
         self._raise_failures(results)
         return Collected(request_id, entry, results, publish_ms, (time.monotonic() - t0) * 1000.0)
+
+    async def _abandon(self, request_id: str) -> None:
+        """Best-effort ``work_cancel`` so workers drop this request's remaining items (§8)."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.bus.publish(cancel_subject(self.router_id, request_id), b"")
+            except SieError as exc:
+                log.warning("cannot publish work_cancel for %s: %s", request_id, exc.message)
 
     async def _publish(self, subject: str, wi: WorkItem) -> None:
         data = wi.to_bytes()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, cast
 
@@ -24,8 +25,8 @@ import numpy as np
 from sie.core.errors import InvalidInput, ModelNotFound, SieError
 from sie.core.hashing import bundle_config_hash
 from sie.core.registry import ModelEntry, ModelRegistry
-from sie.core.subjects import health_subject, lane_filter, stream_name
-from sie.core.wire import Heartbeat, WorkItem, WorkResult, packb
+from sie.core.subjects import CANCEL_WILDCARD, health_subject, lane_filter, stream_name
+from sie.core.wire import Heartbeat, WorkItem, WorkResult, packb, salvage_reply
 from sie.engines.base import EncodeEngine
 from sie.engines.cache import ModelCache
 from sie.settings import ServeSettings
@@ -35,6 +36,9 @@ from sie.transport.base import Bus, BusError, ConsumerConfig, JsMsg, work_stream
 __all__ = ["WorkerRole", "encode_batch_fn"]
 
 log = logging.getLogger(__name__)
+
+#: How many abandoned request ids a worker remembers.
+CANCEL_TOMBSTONES = 10_000
 
 #: Texts up to this many characters are tokenised inline (microseconds); longer ones in a thread.
 INLINE_PREPARE_CHARS = 2048
@@ -101,6 +105,9 @@ class WorkerRole:
             on_change=lambda: self._status_changed.set(),
         )
         self._inflight = anyio.Semaphore(settings.max_inflight_items)
+        # request ids abandoned by their gateway (bounded, oldest first) and live work per request
+        self._cancelled: OrderedDict[str, None] = OrderedDict()
+        self._active: dict[str, set[anyio.CancelScope]] = {}
         self.ready = False
 
     def _on_batch(self, model: str, n: int, tokens: int, _s: float) -> None:
@@ -128,9 +135,11 @@ class WorkerRole:
             ),
         )
         preload = [self.registry.resolve(m)[0] for m in s.preload]  # unknown id: fail at start
+        cancels = await self.bus.subscribe(CANCEL_WILDCARD)
         async with anyio.create_task_group() as tg:
             await tg.start(self.models.run)
             tg.start_soon(self._heartbeats)
+            tg.start_soon(self._read_cancels, cancels)
             task_status.started()
             for entry in preload:
                 try:
@@ -140,6 +149,16 @@ class WorkerRole:
             self.ready = True
             self._status_changed.set()
             await self._pull_loop(consumer, tg)
+
+    async def _read_cancels(self, sub: Any) -> None:
+        """``work_cancel.{router_id}.{request_id}``: tombstone the request, stop its items."""
+        async for msg in sub:
+            request_id = msg.subject.rsplit(".", 1)[-1]
+            self._cancelled[request_id] = None
+            while len(self._cancelled) > CANCEL_TOMBSTONES:
+                self._cancelled.popitem(last=False)
+            for scope in self._active.get(request_id, ()):
+                scope.cancel()
 
     async def _pull_loop(self, consumer: Any, tg: anyio.abc.TaskGroup) -> None:
         while True:
@@ -177,12 +196,29 @@ class WorkerRole:
             item = WorkItem.from_bytes(msg.data)
         except SieError as exc:
             log.error("undecodable work item on %s: %s; terminating it", msg.subject, exc.message)
+            salvaged = salvage_reply(msg.data)
+            if salvaged is not None:
+                try:
+                    await self.bus.publish(salvaged[0], salvaged[1].to_bytes())
+                except BusError:
+                    pass
             await msg.term()
             return
+        if item.request_id in self._cancelled:
+            await msg.ack()  # abandoned by its gateway: drop before any work (§8)
+            self.metrics.work_items.labels(item.model_id, "cancelled").inc()
+            return
         t0 = time.monotonic()
+        scope = anyio.CancelScope()
+        self._active.setdefault(item.request_id, set()).add(scope)
         try:
-            result = await self._execute(item)
+            with scope:
+                result = await self._execute(item)
             outcome = "success"
+            if scope.cancelled_caught:
+                await msg.ack()
+                self.metrics.work_items.labels(item.model_id, "cancelled").inc()
+                return
         except SieError as exc:
             result = self._error(item, exc.code, exc.message)
             outcome = exc.code
@@ -190,6 +226,12 @@ class WorkerRole:
             log.exception("work item %s failed", item.work_item_id)
             result = self._error(item, "INFERENCE_ERROR", f"inference error: {exc}")
             outcome = "INFERENCE_ERROR"
+        finally:
+            scopes = self._active.get(item.request_id)
+            if scopes is not None:
+                scopes.discard(scope)
+                if not scopes:
+                    del self._active[item.request_id]
         result.processing_ms = (time.monotonic() - t0) * 1000.0
         try:
             await self.bus.publish(item.reply_subject, result.to_bytes())

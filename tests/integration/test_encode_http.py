@@ -367,6 +367,23 @@ def test_worker_survives_bad_input_and_poison_work(client: httpx.Client, stack: 
 
     result = stack.portal.call(odd_options)
     assert not result.success and result.error_code == "INVALID_INPUT"
+
+    async def half_broken() -> WorkResult:
+        from sie.core.wire import packb
+
+        reply = inbox_subject("probe", "p3")
+        sub = await bus.subscribe(reply)
+        raw = WorkItem(
+            "p3.0", "p3", 0, 1, "encode", MINILM, "default", "default", "probe", reply
+        ).to_map()
+        raw["operation"] = 5  # undecodable as a WorkItem, but its reply fields are intact
+        await bus.js_publish(subject, packb(raw))
+        msg = await sub.next_msg(10)
+        await sub.unsubscribe()
+        return WorkResult.from_bytes(msg.data)
+
+    result = stack.portal.call(half_broken)
+    assert not result.success and result.error_code == "INVALID_PAYLOAD" and result.item_index == 0
     ok = client.post(URL, json={"items": [{"text": "still alive"}]})
     assert ok.status_code == 200
 
@@ -402,6 +419,49 @@ def test_huge_texts_stay_cheap(client: httpx.Client, st_model: object) -> None:
     np.testing.assert_allclose(dense(done[0])[0], st_model.encode(["word " * 300])[0], atol=1e-5)  # type: ignore[attr-defined]
     over = client.post(URL, json={"items": [{"text": "x"}, {"text": "y" * 1_000_001}]})
     assert over.status_code == 400 and over.json()["detail"]["field"] == "items[1].text"
+
+
+def test_abandoned_request_is_dropped_by_the_worker() -> None:
+    """A timed-out request publishes work_cancel; the worker stops its remaining items (§8)."""
+    import time
+
+    from sie.core.subjects import lane_filter, stream_name
+    from sie.telemetry import METRICS
+    from sie.transport.base import ConsumerConfig
+    from tests.conftest import run_stack
+
+    def cancelled() -> float:
+        return METRICS.work_items.labels(MINILM, "cancelled")._value.get()
+
+    with (
+        run_stack(preload=(MINILM,), request_timeout_s=0.5, max_batch_requests=1) as s,
+        httpx.Client(base_url=s.base_url, timeout=30) as c,
+    ):
+        before = cancelled()
+        items = [
+            {"text": f"item {i} " + "long text " * 120} for i in range(400)
+        ]  # ~10 s of work at batch 1
+        r = c.post(URL, json={"items": items})
+        assert r.status_code == 504
+        bus = s.running.bus
+
+        async def backlog() -> int:
+            consumer = await bus.pull_consumer(
+                stream_name("default"),
+                ConsumerConfig(
+                    durable="default_default",
+                    filter_subject=lane_filter("default", "default", "default"),
+                ),
+            )
+            info = await consumer.info()
+            return info.num_pending + info.num_ack_pending
+
+        deadline = time.monotonic() + 4
+        while s.portal.call(backlog) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert s.portal.call(backlog) == 0
+        assert cancelled() - before >= 300
+        assert c.post(URL, json={"items": [{"text": "next"}]}).status_code == 200
 
 
 def test_body_limit() -> None:
