@@ -120,7 +120,9 @@ def unpackb(data: bytes) -> Any:
         msgpack.UnpackException,
         msgpack.ExtraData,
     ) as exc:
-        raise WireError(f"malformed msgpack body: {exc}") from exc
+        raise WireError(
+            f"malformed msgpack body: {type(exc).__name__}: {exc}".rstrip(": ")
+        ) from exc
 
 
 def salvage_reply(data: bytes) -> tuple[str, WorkResult] | None:

@@ -57,11 +57,20 @@ async def http_exception_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = _HTTP_CODES.get(exc.status_code, f"HTTP_{exc.status_code}")
     message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-    return JSONResponse(
-        {"detail": {"code": code, "message": f"{message}: {request.method} {request.url.path}"}},
-        status_code=exc.status_code,
-        headers=dict(exc.headers or {}),
-    )
+    message = f"{message}: {request.method} {request.url.path}"
+    headers = {**(exc.headers or {}), "X-SIE-Error-Code": code}
+    if request.url.path.startswith("/v1/embeddings"):
+        body: dict[str, Any] = {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": None,
+                "code": code.lower(),
+            }
+        }
+    else:
+        body = {"detail": {"code": code, "message": message}}
+    return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
 
 class CatchAll:

@@ -31,14 +31,16 @@ from sie.http.errors import EXCEPTION_HANDLERS, CatchAll
 from sie.http.negotiation import read_payload, render, validate
 from sie.http.openai import embeddings
 from sie.http.schemas import EncodeParams, EncodeRequest
-from sie.roles.gateway import Collected, GatewayRole
+from sie.roles.gateway import Collected, GatewayRole, uuid7
 from sie.telemetry import METRICS, Metrics
 
 __all__ = ["build_gateway_app", "model_info"]
 
 
-class VersionHeaders:
-    """Adds ``X-SIE-Version`` / ``X-SIE-Server-Version`` to every response (§16.2)."""
+class ResponseHeaders:
+    """Every response carries ``X-SIE-Version`` / ``X-SIE-Server-Version``; every
+    ``/v1/`` response, errors included, carries the request's ``X-SIE-Request-Id``
+    (a UUIDv7 minted here, readable as ``request.state.request_id``) (§16.2)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -47,15 +49,16 @@ class VersionHeaders:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        request_id = uuid7() if str(scope.get("path", "")).startswith("/v1/") else None
+        scope.setdefault("state", {})["request_id"] = request_id
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 v = __version__.encode()
-                message["headers"] = [
-                    *message.get("headers", []),
-                    (b"x-sie-version", v),
-                    (b"x-sie-server-version", v),
-                ]
+                extra = [(b"x-sie-version", v), (b"x-sie-server-version", v)]
+                if request_id is not None:
+                    extra.append((b"x-sie-request-id", request_id.encode()))
+                message["headers"] = [*message.get("headers", []), *extra]
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
@@ -64,7 +67,6 @@ class VersionHeaders:
 def _timing_headers(c: Collected) -> dict[str, str]:
     t = c.timing()
     return {
-        "X-SIE-Request-Id": c.request_id,
         "X-SIE-Worker": ",".join(c.workers) or "unknown",
         "X-Queue-Publish-Time": f"{t['publish_ms']:.1f}",
         "X-Queue-Time": f"{t['queue_ms']:.1f}",
@@ -134,6 +136,7 @@ async def encode(request: Request) -> Response:
             options=options or None,
             pool=request.headers.get("x-sie-pool"),
             machine_profile=request.headers.get("x-sie-machine-profile"),
+            request_id=request.state.request_id,
         )
         items_out: list[dict[str, Any]] = []
         for item, result in zip(req.items, collected.results, strict=True):
@@ -272,5 +275,5 @@ def build_gateway_app(gateway: GatewayRole, metrics: Metrics = METRICS) -> Starl
     app.state.gateway = gateway
     app.state.metrics = metrics
     app.state.draining = False
-    app.add_middleware(VersionHeaders)
+    app.add_middleware(ResponseHeaders)
     return app

@@ -58,6 +58,22 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out or "body"
 
 
+_BRANCH_TAGS = frozenset({"str", "int", "bool", "float", "list", "dict"})
+
+#: Plain wording for pydantic error types whose default text names our classes.
+_MESSAGES = {
+    "model_type": "expected an object",
+    "model_attributes_type": "expected an object",
+    "dict_type": "expected an object",
+    "list_type": "expected a list",
+    "string_type": "expected a string",
+    "bool_type": "expected true or false",
+    "int_type": "expected an integer",
+    "missing": "required",
+    "extra_forbidden": "unknown field",
+}
+
+
 def validate(model: type[BaseModel], payload: Any) -> Any:
     """Validate a decoded payload.
 
@@ -70,12 +86,11 @@ def validate(model: type[BaseModel], payload: Any) -> Any:
         errors = exc.errors(include_url=False)
         msgs = []
         for e in errors:
+            # drop pydantic's union/validator branch tags ("str", "list[...]", "function-after[...]")
             loc = tuple(
-                p
-                for p in e["loc"]
-                if not (isinstance(p, str) and p.startswith(("function-", "literal[")))
+                p for p in e["loc"] if not (isinstance(p, str) and ("[" in p or p in _BRANCH_TAGS))
             )
-            msg = e["msg"]
+            msg = _MESSAGES.get(e["type"], e["msg"])
             if e["type"] == "too_short" and loc and loc[-1] == "items":
                 msg = "must not be empty"
             msgs.append((_loc(loc), msg))

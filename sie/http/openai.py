@@ -5,27 +5,31 @@ rejected with 400. ``encoding_format`` ``float`` (default) or ``base64``
 (little-endian float32 bytes of the same numbers). ``dimensions`` truncates and
 re-normalises for models whose dense task is marked ``matryoshka``; for other
 models it must equal the native width. ``usage`` counts real tokens (after
-truncation), as reported by the workers. Errors use the OpenAI envelope.
+truncation), as reported by the workers. Errors use the OpenAI envelope
+(``sie.http.errors.openai_error``) with ``param`` naming the request field.
 """
 
 from __future__ import annotations
 
 import base64
+import time
 from typing import Any
 
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from sie.core.errors import InvalidInput
+from sie.core.errors import InvalidInput, ModelNotFound, SieError
 from sie.http.negotiation import read_payload, validate
 from sie.http.schemas import EmbeddingsRequest
 from sie.roles.gateway import GatewayRole
+from sie.telemetry import Metrics
 
 __all__ = ["embeddings"]
 
 
-def _reject_token_inputs(payload: Any) -> None:
+def _check_input(payload: Any) -> None:
+    """Clear messages for the input shapes OpenAI clients get wrong."""
     if not isinstance(payload, dict):
         raise InvalidInput("body: expected a JSON object", field="body")
     inp = payload.get("input")
@@ -37,6 +41,11 @@ def _reject_token_inputs(payload: Any) -> None:
                 "input: token-id and nested-array inputs are not supported; send a string or a list of strings",
                 field="input",
             )
+        bad = next((i for i, x in enumerate(inp) if not isinstance(x, str)), None)
+        if bad is not None:
+            raise InvalidInput(f"input[{bad}]: expected a string", field="input")
+    elif "input" in payload and not isinstance(inp, str):
+        raise InvalidInput("input: expected a string or a list of strings", field="input")
 
 
 def _dense_width(req: EmbeddingsRequest, gateway: GatewayRole) -> tuple[int, bool]:
@@ -47,11 +56,46 @@ def _dense_width(req: EmbeddingsRequest, gateway: GatewayRole) -> tuple[int, boo
     return enc.dense.dim, enc.dense.matryoshka
 
 
+def _as_openai_param(exc: SieError) -> SieError:
+    """Name OpenAI fields: the encode path says ``items[i].text``, OpenAI says ``input``."""
+    if isinstance(exc, ModelNotFound):
+        exc.fields.setdefault("field", "model")
+    field = exc.fields.get("field")
+    if isinstance(field, str) and field.startswith("input"):
+        exc.fields["field"] = "input"
+    elif isinstance(field, str) and field.startswith("items"):
+        exc.fields["field"] = "input"
+        exc.message = (
+            exc.message.replace("items[", "input[")
+            .replace(".text:", ":")
+            .replace("items:", "input:")
+        )
+    return exc
+
+
 async def embeddings(request: Request) -> Response:
     gateway: GatewayRole = request.app.state.gateway
+    metrics: Metrics = request.app.state.metrics
+    started = time.monotonic()
+    status, model = "error", ""
+    try:
+        response = await _embeddings(request, gateway)
+        status = "200"
+        return response
+    except SieError as exc:
+        status = str(exc.status)
+        raise _as_openai_param(exc) from None
+    finally:
+        model = getattr(request.state, "model", "")
+        metrics.requests.labels("embeddings", model, status).inc()
+        metrics.request_duration.labels("embeddings").observe(time.monotonic() - started)
+
+
+async def _embeddings(request: Request, gateway: GatewayRole) -> Response:
     payload = await read_payload(request, gateway.settings.max_body_bytes)
-    _reject_token_inputs(payload)
+    _check_input(payload)
     req: EmbeddingsRequest = validate(EmbeddingsRequest, payload)
+    request.state.model = req.model
     texts = [req.input] if isinstance(req.input, str) else list(req.input)
     for i, t in enumerate(texts):
         if not t:
@@ -69,7 +113,11 @@ async def embeddings(request: Request) -> Response:
                 f"dimensions: must be at most {native} for model {req.model!r}", field="dimensions"
             )
     collected = await gateway.encode(
-        req.model, [{"text": t} for t in texts], output_types=["dense"], is_query=False
+        req.model,
+        [{"text": t} for t in texts],
+        output_types=["dense"],
+        is_query=False,
+        request_id=request.state.request_id,
     )
     data = []
     for i, result in enumerate(collected.results):
@@ -91,6 +139,5 @@ async def embeddings(request: Request) -> Response:
             "data": data,
             "model": req.model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        },
-        headers={"X-SIE-Request-Id": collected.request_id},
+        }
     )

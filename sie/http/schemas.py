@@ -7,13 +7,34 @@ errors and missing required fields are 400 INVALID_INPUT naming the field.
 from __future__ import annotations
 
 from string import Formatter
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
 
 __all__ = ["EmbeddingsRequest", "EncodeOptions", "EncodeParams", "EncodeRequest", "Item"]
 
 OutputType = Literal["dense", "sparse", "multivector"]
+
+
+def _utf8(v: str) -> str:
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"contains an unpaired surrogate at position {exc.start}") from None
+    return v
+
+
+#: A JSON string that is valid Unicode (JSON escapes can smuggle lone surrogates).
+Text = Annotated[StrictStr, AfterValidator(_utf8)]
 
 
 class _Lenient(BaseModel):
@@ -23,8 +44,8 @@ class _Lenient(BaseModel):
 class Item(_Lenient):
     """A wire item. ``id`` is echoed back; ``metadata`` is accepted, not echoed."""
 
-    id: StrictStr | None = None
-    text: StrictStr | None = None
+    id: Text | None = None
+    text: Text | None = None
     metadata: dict[str, Any] | None = None
 
 
@@ -61,7 +82,7 @@ class EncodeOptions(BaseModel):
 
 class EncodeParams(_Lenient):
     output_types: list[OutputType] | None = Field(default=None, min_length=1)
-    instruction: StrictStr | None = None
+    instruction: Text | None = None
     is_query: StrictBool | None = None
     output_dtype: Literal["float32"] | None = None
     options: EncodeOptions | None = None
@@ -76,7 +97,7 @@ class EmbeddingsRequest(_Lenient):
     """OpenAI ``POST /v1/embeddings``. ``user`` is accepted and ignored."""
 
     model: StrictStr
-    input: StrictStr | list[StrictStr]
+    input: Text | list[Text]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(default=None, gt=0)
     user: StrictStr | None = None

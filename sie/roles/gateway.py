@@ -327,7 +327,12 @@ class GatewayRole:
                 log.warning("cannot publish work_cancel for %s: %s", request_id, exc.message)
 
     async def _publish(self, subject: str, wi: WorkItem) -> None:
-        data = wi.to_bytes()
+        try:
+            data = wi.to_bytes()
+        except WireError as exc:  # e.g. a 65-bit integer or a lone surrogate in options
+            raise InvalidInput(
+                f"params.options: cannot be forwarded: {exc.message}", field="params.options"
+            ) from exc
         try:
             await self.bus.js_publish(subject, data, msg_id=wi.work_item_id)
         except StreamFullError as exc:

@@ -214,6 +214,29 @@ BAD = [
     ),
     ("body not an object", {"json": [1, 2]}, 400, "INVALID_INPUT", "body"),
     (
+        "lone surrogate in id",
+        {"content": b'{"items": [{"id": "\\udfff", "text": "ok"}]}'},
+        400,
+        "INVALID_INPUT",
+        "items[0].id",
+    ),
+    (
+        "lone surrogate in text",
+        {"content": b'{"items": [{"text": "a\\ud800b"}]}'},
+        400,
+        "INVALID_INPUT",
+        "items[0].text",
+    ),
+    (
+        "64-bit overflow in options",
+        {
+            "content": b'{"items": [{"text": "a"}], "params": {"options": {"x": 123456789012345678901234567890}}}'
+        },
+        400,
+        "INVALID_INPUT",
+        "params.options",
+    ),
+    (
         "deeply nested json",
         {
             "content": b"[" * 100_000 + b"]" * 100_000,
@@ -312,6 +335,17 @@ def test_lane_headers(client: httpx.Client) -> None:
         headers={"X-SIE-Pool": "DEFAULT", "X-SIE-Machine-Profile": "Default"},
     )
     assert ok.status_code == 200  # canonicalised to lower case: the worker's lane
+
+
+def test_error_responses_carry_ids_and_plain_words(client: httpx.Client) -> None:
+    r = client.post(URL, json=[1])
+    assert r.json()["detail"]["message"] == "body: expected an object"
+    assert len(r.headers["x-sie-request-id"]) == 36 and r.headers["x-sie-version"]
+    nf = client.get("/v1/nothing")
+    assert nf.headers["x-sie-error-code"] == "NOT_FOUND"
+    bad = client.post(URL, content=b"\xc1", headers={"Content-Type": "application/msgpack"})
+    assert bad.json()["detail"]["message"].startswith("malformed msgpack body: ")
+    assert len(bad.json()["detail"]["message"]) > len("malformed msgpack body: ")
 
 
 def test_unknown_model_and_route(client: httpx.Client) -> None:

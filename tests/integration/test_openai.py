@@ -85,6 +85,41 @@ def test_bad_requests_use_openai_envelope(client: httpx.Client, payload: dict, p
     assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"]
 
 
+@pytest.mark.parametrize(
+    ("payload", "needle"),
+    [
+        ({"model": MINILM, "input": [True]}, "input[0]: expected a string"),
+        ({"model": MINILM, "input": ["a", None]}, "input[1]: expected a string"),
+        ({"model": MINILM, "input": 5}, "input: expected a string or a list of strings"),
+        ({"model": MINILM, "input": {}}, "input: expected a string or a list of strings"),
+        ({"model": MINILM, "input": ["x"] * 5000}, "input: at most 4096"),
+        ({"model": MINILM, "input": "y" * 1_000_001}, "input[0]: 1000001 characters"),
+    ],
+)
+def test_input_errors_name_input(client: httpx.Client, payload: dict, needle: str) -> None:
+    r = client.post("/v1/embeddings", json=payload)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "input" and err["message"].startswith(needle), err
+
+
+def test_lone_surrogate_is_a_400(client: httpx.Client) -> None:
+    r = client.post(
+        "/v1/embeddings", content=b'{"model": "%s", "input": "a\\udfff"}' % MINILM.encode()
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input"
+    assert "surrogate" in r.json()["error"]["message"]
+
+
+def test_wrong_method_and_metrics(client: httpx.Client) -> None:
+    r = client.get("/v1/embeddings")
+    assert r.status_code == 405 and r.headers["x-sie-error-code"] == "METHOD_NOT_ALLOWED"
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    client.post("/v1/embeddings", json={"model": MINILM, "input": "counted"})
+    text = client.get("/metrics").text
+    assert f'sie_requests_total{{endpoint="embeddings",model="{MINILM}",status="200"}}' in text
+
+
 def test_token_ids_message(client: httpx.Client) -> None:
     r = client.post("/v1/embeddings", json={"model": MINILM, "input": [101, 102]})
     assert "token-id" in r.json()["error"]["message"]
@@ -93,6 +128,7 @@ def test_token_ids_message(client: httpx.Client) -> None:
 def test_unknown_model_and_malformed_body(client: httpx.Client) -> None:
     r = client.post("/v1/embeddings", json={"model": "no/model", "input": "x"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert r.json()["error"]["param"] == "model" and len(r.headers["x-sie-request-id"]) == 36
     r = client.post(
         "/v1/embeddings", content=b"{oops", headers={"Content-Type": "application/json"}
     )
