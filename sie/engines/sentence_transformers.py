@@ -16,6 +16,7 @@ import numpy as np
 
 from sie.core.config import ModelConfig, ResolvedProfile
 from sie.core.errors import InferenceError, InvalidInput, ModelLoadFailed
+from sie.engines.batching import plan_padding_chunks
 from sie.engines.weights import resolve_weights
 
 __all__ = ["DenseEncoder", "apply_template"]
@@ -50,6 +51,7 @@ class DenseEncoder:
         self.device = device
         self._model: Any = None
         self._counter: Any = None
+        self._dim = 0
 
     def load(self) -> None:
         path = resolve_weights(self.config)
@@ -80,6 +82,11 @@ class DenseEncoder:
             )
         model.eval()
         self._model = model
+        get_dim = (
+            getattr(model, "get_embedding_dimension", None)
+            or model.get_sentence_embedding_dimension
+        )
+        self._dim = int(get_dim())
         backend = getattr(model.tokenizer, "backend_tokenizer", None)
         if backend is not None:
             # A private copy: the inference thread re-configures the shared tokenizer's
@@ -95,7 +102,7 @@ class DenseEncoder:
 
     @property
     def dim(self) -> int:
-        return int(self._model.get_sentence_embedding_dimension())
+        return self._dim
 
     def _clip(self, text: str, window: int) -> str:
         """A whitespace-bounded prefix holding at least ``window`` tokens, else ``text``.
@@ -134,14 +141,25 @@ class DenseEncoder:
             raise InferenceError(f"model {self.config.sie_id!r} is not loaded")
         prepared = [apply_template(t, instruction, is_query, options) for t in texts]
         normalize = bool(options.get("normalize", False))
-        try:
-            vecs = self._model.encode(
-                prepared,
-                batch_size=max(1, len(prepared)),
-                convert_to_numpy=True,
-                normalize_embeddings=normalize,
-                show_progress_bar=False,
-            )
-        except Exception as exc:
-            raise InferenceError(f"encode failed: {exc}") from exc
-        return {"dense": np.ascontiguousarray(vecs, dtype=np.float32)}
+        out = np.empty((len(prepared), self.dim), dtype=np.float32)
+        for chunk in self._chunks(prepared):
+            try:
+                vecs = self._model.encode(
+                    [prepared[i] for i in chunk],
+                    batch_size=len(chunk),
+                    convert_to_numpy=True,
+                    normalize_embeddings=normalize,
+                    show_progress_bar=False,
+                )
+            except Exception as exc:
+                raise InferenceError(f"encode failed: {exc}") from exc
+            out[chunk] = vecs
+        return {"dense": out}
+
+    def _chunks(self, texts: Sequence[str]) -> list[list[int]]:
+        """Length-bucketed forward passes (``plan_padding_chunks``): less padding, same vectors."""
+        if self._counter is None or len(texts) <= 8:
+            return [list(range(len(texts)))]
+        window = int(self._model.max_seq_length)
+        lengths = [min(window, len(e.ids)) for e in self._counter.encode_batch(list(texts))]
+        return plan_padding_chunks(lengths)

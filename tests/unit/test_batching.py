@@ -107,3 +107,21 @@ async def test_cancelled_items_are_dropped_before_the_engine() -> None:
         tg.cancel_scope.cancel()
     flat = [p for _, ps in rec.calls for p in ps]
     assert "abandoned" not in flat
+
+
+def test_padding_plan_is_a_permutation_and_saves_padding() -> None:
+    import random
+
+    from sie.engines.batching import plan_padding_chunks
+
+    rng = random.Random(7)
+    for n in (1, 3, 9, 32, 64):
+        lengths = [rng.randint(5, 300) for _ in range(n)]
+        chunks = plan_padding_chunks(lengths)
+        assert sorted(i for c in chunks for i in c) == list(range(n))
+        padded = sum(len(c) * max(lengths[i] for i in c) for c in chunks)
+        assert padded <= n * max(lengths)
+    # uniform lengths: one pass; two length clusters: two passes
+    assert len(plan_padding_chunks([20] * 32)) == 1
+    chunks = plan_padding_chunks([5] * 20 + [200] * 12)
+    assert sorted(len(c) for c in chunks) == [12, 20]
