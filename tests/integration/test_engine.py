@@ -178,3 +178,21 @@ def test_load_failure_is_a_502_over_http(tmp_path: Path) -> None:
         assert info["state"] == "failed" and info["last_error"]["code"] == "MODEL_LOAD_FAILED"
         # the worker is alive: a second request gets the same sticky error, fast
         assert c.post("/v1/encode/ghost/model", json={"items": [{"text": "c"}]}).status_code == 502
+
+
+def test_length_bucketed_batches_match_sentence_transformers(
+    engine: DenseEncoder, st_model: object
+) -> None:
+    texts = [
+        ("short " * (1 + i % 3)) if i % 2 else ("a much longer sentence " * (5 + i))
+        for i in range(24)
+    ]
+    kw = {
+        "output_types": ["dense"],
+        "instruction": None,
+        "is_query": False,
+        "options": {"normalize": True},
+    }
+    assert len(engine._chunks(texts)) > 1  # the split really happens
+    got = engine.encode(texts, **kw)["dense"]
+    np.testing.assert_allclose(got, st_model.encode(texts), atol=1e-5)  # type: ignore[attr-defined]
