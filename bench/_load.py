@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import resource
 import time
 
 
@@ -71,6 +73,8 @@ async def main() -> None:
                 "p99_ms": lat[int(len(lat) * 0.99)] * 1000 if lat else 0.0,
                 "errors": len(errs),
                 "requests": len(lat),
+                "client_cpu_s": resource.getrusage(resource.RUSAGE_SELF).ru_utime
+                + resource.getrusage(resource.RUSAGE_SELF).ru_stime,
             }
         )
     )

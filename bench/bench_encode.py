@@ -9,7 +9,8 @@ One run measures:
 3. the ratio served / raw-best.
 
 The load generator is a separate process (``bench/_load.py``, asyncio + raw
-HTTP/1.1 over keep-alive sockets) so its CPU use is visible and minimal.
+HTTP/1.1 over keep-alive sockets) so its CPU use is visible and minimal. Its CPU use
+is printed (a few percent of a core).
 It is a benchmark, not a test: ``make test`` never runs it. Usage:
 
     make bench            # or: .venv/bin/python bench/bench_encode.py --seconds 20
@@ -146,7 +147,8 @@ def main() -> None:
             s = served[c]
             print(
                 f"  served c={c:2d}: {s['rps']:8.1f} req/s (1 text each), p50 {s['p50_ms']:.1f} ms, "
-                f"p99 {s['p99_ms']:.1f} ms, errors {int(s['errors'])}",
+                f"p99 {s['p99_ms']:.1f} ms, errors {int(s['errors'])}, "
+                f"client CPU {s['client_cpu_s'] / args.seconds:.0%} of a core",
                 flush=True,
             )
     finally:

@@ -18,7 +18,7 @@ Fields follow architecture §16.2 and reference §2.10.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 import msgpack
@@ -181,7 +181,8 @@ class _Message:
     """Base: dataclass ↔ msgpack map with named fields; None fields are omitted."""
 
     def to_map(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        # Field values are plain msgpack data already: no deep copy (asdict) on the hot path.
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
     def to_bytes(self) -> bytes:
         return packb(self.to_map())

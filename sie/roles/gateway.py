@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,7 +62,8 @@ def uuid7() -> str:
         | 0b10 << 62
         | (rand & ((1 << 62) - 1))
     )
-    return str(uuid.UUID(int=value))
+    h = f"{value:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 @dataclass(slots=True)
