@@ -82,7 +82,7 @@ class DenseEncoder:
             )
         model.eval()
         self._model = model
-        get_dim = (
+        get_dim: Any = (
             getattr(model, "get_embedding_dimension", None)
             or model.get_sentence_embedding_dimension
         )
