@@ -357,69 +357,43 @@ def test_unknown_model_and_route(client: httpx.Client) -> None:
 
 def test_worker_survives_bad_input_and_poison_work(client: httpx.Client, stack: Stack) -> None:
     from sie.core.subjects import inbox_subject, work_subject
-    from sie.core.wire import WorkItem, WorkResult
+    from sie.core.wire import WorkItem, WorkResult, packb
 
     bus = stack.running.bus
     subject = work_subject("default", "default", "default", MINILM)
 
-    async def poison() -> WorkResult:
-        await bus.js_publish(
-            subject, b"\xc1 not msgpack"
-        )  # undecodable: terminated, no reply possible
-        reply = inbox_subject("probe", "p1")
-        sub = await bus.subscribe(reply)
-        bad = WorkItem(
-            "p1.0",
-            "p1",
-            0,
-            1,
-            "encode",
-            MINILM,
-            "default",
-            "default",
-            "probe",
-            reply,
-            item={"text": 7},
-        )
-        await bus.js_publish(subject, bad.to_bytes())
-        msg = await sub.next_msg(10)
-        await sub.unsubscribe()
-        return WorkResult.from_bytes(msg.data)
+    def item(rid: str, **kw: object) -> WorkItem:
+        reply = inbox_subject("probe", rid)
+        return WorkItem(
+            f"{rid}.0", rid, 0, 1, "encode", MINILM, "default", "default", "probe", reply, **kw
+        )  # type: ignore[arg-type]
 
-    result = stack.portal.call(poison)
-    assert not result.success and result.error_code == "INVALID_INPUT"
+    def probe(rid: str, payload: bytes) -> WorkResult:
+        async def go() -> WorkResult:
+            sub = await bus.subscribe(inbox_subject("probe", rid))
+            await bus.js_publish(subject, payload)
+            msg = await sub.next_msg(10)
+            await sub.unsubscribe()
+            return WorkResult.from_bytes(msg.data)
 
-    async def odd_options() -> WorkResult:
-        reply = inbox_subject("probe", "p2")
-        sub = await bus.subscribe(reply)
-        odd = WorkItem("p2.0", "p2", 0, 1, "encode", MINILM, "default", "default", "probe", reply,
-                       item={"text": "x"}, options={"output_types": 5})  # fmt: skip
-        await bus.js_publish(subject, odd.to_bytes())
-        msg = await sub.next_msg(10)
-        await sub.unsubscribe()
-        return WorkResult.from_bytes(msg.data)
+        return stack.portal.call(go)
 
-    result = stack.portal.call(odd_options)
-    assert not result.success and result.error_code == "INVALID_INPUT"
-
-    async def half_broken() -> WorkResult:
-        from sie.core.wire import packb
-
-        reply = inbox_subject("probe", "p3")
-        sub = await bus.subscribe(reply)
-        raw = WorkItem(
-            "p3.0", "p3", 0, 1, "encode", MINILM, "default", "default", "probe", reply
-        ).to_map()
-        raw["operation"] = 5  # undecodable as a WorkItem, but its reply fields are intact
-        await bus.js_publish(subject, packb(raw))
-        msg = await sub.next_msg(10)
-        await sub.unsubscribe()
-        return WorkResult.from_bytes(msg.data)
-
-    result = stack.portal.call(half_broken)
-    assert not result.success and result.error_code == "INVALID_PAYLOAD" and result.item_index == 0
-    ok = client.post(URL, json={"items": [{"text": "still alive"}]})
-    assert ok.status_code == 200
+    stack.portal.call(bus.js_publish, subject, b"\xc1 not msgpack")  # undecodable: terminated
+    non_string = probe("p1", item("p1", item={"text": 7}).to_bytes())
+    assert not non_string.success and non_string.error_code == "INVALID_INPUT"
+    odd_options = probe(
+        "p2", item("p2", item={"text": "x"}, options={"output_types": 5}).to_bytes()
+    )
+    assert not odd_options.success and odd_options.error_code == "INVALID_INPUT"
+    raw = item("p3").to_map()
+    raw["operation"] = 5  # undecodable as a WorkItem, but its reply fields are intact
+    salvaged = probe("p3", packb(raw))
+    assert (
+        not salvaged.success
+        and salvaged.error_code == "INVALID_PAYLOAD"
+        and salvaged.item_index == 0
+    )
+    assert client.post(URL, json={"items": [{"text": "still alive"}]}).status_code == 200
 
 
 def test_numpy_option_values_do_not_crash_the_worker(client: httpx.Client) -> None:
