@@ -18,15 +18,7 @@ from types import MappingProxyType
 from sie.core.config import DEFAULT_PROFILE, Bundle, ModelConfig, ResolvedProfile
 from sie.core.errors import ModelNotFound, UnroutableModel
 
-__all__ = ["ModelEntry", "ModelRegistry", "RegistrySnapshot", "split_profile_id"]
-
-
-def split_profile_id(model_id: str) -> tuple[str, str]:
-    """``"org/m:fast"`` → ``("org/m", "fast")``; ``"org/m"`` → ``("org/m", "default")``."""
-    base, sep, profile = model_id.rpartition(":")
-    if sep and base and profile:
-        return base, profile
-    return model_id, DEFAULT_PROFILE
+__all__ = ["ModelEntry", "ModelRegistry", "RegistrySnapshot"]
 
 
 @dataclass(frozen=True, slots=True)

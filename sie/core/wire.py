@@ -29,7 +29,6 @@ from sie.core.errors import WireError
 
 __all__ = [
     "Heartbeat",
-    "ModelStatus",
     "WorkItem",
     "WorkResult",
     "packb",
@@ -275,15 +274,6 @@ class WorkResult(_Message):
         if not isinstance(out, dict):
             raise WireError("WorkResult.result_msgpack is not a map")
         return out
-
-
-@dataclass(slots=True)
-class ModelStatus(_Message):
-    """One model's state on a worker: available|loading|loaded|failed (reference §1.9)."""
-
-    name: str
-    state: str
-    last_error: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)

@@ -141,7 +141,7 @@ async def encode(request: Request) -> Response:
         items_out: list[dict[str, Any]] = []
         for item, result in zip(req.items, collected.results, strict=True):
             out: dict[str, Any] = {"id": item.id} if item.id is not None else {}
-            out.update(gateway.decode_result(result))
+            out.update(result.result())
             items_out.append(out)
         status = "200"
         return render(

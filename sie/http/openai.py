@@ -121,7 +121,7 @@ async def _embeddings(request: Request, gateway: GatewayRole) -> Response:
     )
     data = []
     for i, result in enumerate(collected.results):
-        vec = np.asarray(gateway.decode_result(result)["dense"]["values"], dtype=np.float32)
+        vec = np.asarray(result.result()["dense"]["values"], dtype=np.float32)
         if dims is not None and dims < native:
             vec = vec[:dims]
             norm = float(np.linalg.norm(vec))

@@ -358,17 +358,3 @@ class GatewayRole:
                 {"item_index": r.item_index, "code": r.error_code, "error": r.error} for r in failed
             ],
         )
-
-    @staticmethod
-    def decode_result(result: WorkResult) -> dict[str, Any]:
-        """A successful item's result map (``{"dense": {"dims", "dtype", "values"}}``).
-
-        Raises:
-            WireError: the worker sent an undecodable payload.
-        """
-        try:
-            return result.result()
-        except WireError:
-            raise
-        except Exception as exc:
-            raise WireError(f"undecodable worker result: {exc}") from exc

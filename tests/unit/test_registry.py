@@ -6,7 +6,7 @@ import pytest
 
 from sie.core.config import parse_bundle, parse_model_config
 from sie.core.errors import ModelNotFound, UnroutableModel
-from sie.core.registry import ModelRegistry, split_profile_id
+from sie.core.registry import ModelRegistry
 
 DEFAULT = parse_bundle({"name": "default", "priority": 10, "adapters": ["eng.st", "eng.clip"]})
 SGLANG = parse_bundle({"name": "sglang", "priority": 20, "adapters": ["eng.sglang"]})
@@ -77,11 +77,6 @@ def test_install_bundles_recomputes_routes() -> None:
     with pytest.raises(ModelNotFound):
         r.resolve("a/b")
     assert "a/b" in r.snapshot.configs  # the config is kept, just not routable
-
-
-def test_split_profile_id() -> None:
-    assert split_profile_id("org/m:fast") == ("org/m", "fast")
-    assert split_profile_id("org/m") == ("org/m", "default")
 
 
 def test_readers_never_see_a_torn_snapshot() -> None:
