@@ -10,6 +10,7 @@ Tree::
     SieError                       500 INTERNAL_ERROR
     ├── InvalidInput               400 INVALID_INPUT      (names the field)
     ├── ModelNotFound              404 MODEL_NOT_FOUND
+    ├── BundleNotFound             404 BUNDLE_NOT_FOUND
     ├── ConfigError                400 INVALID_CONFIG     (bad model/bundle YAML; names keys)
     │   └── UnroutableModel        422 UNROUTABLE_MODEL   (no bundle serves the adapter)
     ├── PayloadTooLarge            413 PAYLOAD_TOO_LARGE
@@ -31,6 +32,7 @@ from typing import Any, ClassVar
 
 __all__ = [
     "Backpressure",
+    "BundleNotFound",
     "ConfigError",
     "GatewayTimeout",
     "InferenceError",
@@ -86,6 +88,11 @@ class WireError(InvalidInput):
 
 class ModelNotFound(SieError):
     code = "MODEL_NOT_FOUND"
+    status = 404
+
+
+class BundleNotFound(SieError):
+    code = "BUNDLE_NOT_FOUND"
     status = 404
 
 
@@ -165,6 +172,7 @@ _BY_CODE: dict[str, type[SieError]] = {
         InvalidInput,
         WireError,
         ModelNotFound,
+        BundleNotFound,
         ConfigError,
         UnroutableModel,
         PayloadTooLarge,

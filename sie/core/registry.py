@@ -147,10 +147,14 @@ class ModelRegistry:
     def resolve(self, model_id: str, bundle: str | None = None) -> tuple[ModelEntry, str]:
         """Map a public model id (optionally pinned to a bundle) to its entry and bundle.
 
+        ``model:default`` is the base id (architecture §16.3).
+
         Raises:
             ModelNotFound: unknown id, or ``bundle`` not compatible with it.
         """
         entry = self._snapshot.entries.get(model_id)
+        if entry is None and model_id.endswith(":" + DEFAULT_PROFILE):
+            entry = self._snapshot.entries.get(model_id[: -len(DEFAULT_PROFILE) - 1])
         if entry is None:
             raise ModelNotFound(f"model {model_id!r} not found", model=model_id)
         if bundle is None:

@@ -39,31 +39,38 @@ class EncodeEngine(Protocol):
         """Release weights and device memory; idempotent."""
         ...
 
-    def prepare(self, texts: Sequence[str]) -> tuple[list[str], list[int]]:
-        """Bound each text to what the model will read, and count its tokens.
+    def prepare(
+        self,
+        texts: Sequence[str],
+        *,
+        instruction: str | None,
+        is_query: bool,
+        options: Mapping[str, Any],
+    ) -> tuple[list[str], list[int]]:
+        """Turn request texts into what the model reads, bounded, with token counts.
+
+        Applies the instruction / query-or-document template (``sie.core.templates``),
+        then bounds each result to the model window: long inputs are clipped to a
+        prefix that encodes exactly like the whole under truncation to
+        ``max_sequence_length``, so their cost is bounded.
 
         Returns:
-            ``(texts, tokens)``: texts that encode exactly as the originals under
-            truncation to ``max_sequence_length`` (long inputs clipped, so their cost
-            is bounded), and each one's token count after truncation (>= 1).
-            Thread-safe with respect to a concurrent ``encode``.
+            ``(texts, tokens)``: the model inputs and each one's token count after
+            truncation (>= 1). Thread-safe with respect to a concurrent ``encode``.
+
+        Raises:
+            InvalidInput: a template that is not allowed.
         """
         ...
 
     def encode(
-        self,
-        texts: Sequence[str],
-        *,
-        output_types: Sequence[str],
-        instruction: str | None,
-        is_query: bool,
-        options: Mapping[str, Any],
+        self, texts: Sequence[str], *, output_types: Sequence[str], options: Mapping[str, Any]
     ) -> dict[str, np.ndarray]:
-        """Encode a batch.
+        """Encode a batch of prepared texts (``prepare``'s output).
 
         Returns:
             ``{"dense": float32 [len(texts), dim]}`` (L2-normalised when the
-            profile's runtime ``normalize`` is true), one row per text in input order.
+            runtime option ``normalize`` is true), one row per text in input order.
             A text's row does not depend on the other texts in the batch.
 
         Raises:

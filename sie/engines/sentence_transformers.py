@@ -2,7 +2,7 @@
 
 ``DenseEncoder``: ``SentenceTransformer`` → ``dense: float32 [n, dim]``.
 Profile options: loadtime ``trust_remote_code``; runtime ``normalize`` (bool,
-L2-normalise), ``query_template`` / ``doc_template`` (``{text}``, ``{instruction}``).
+L2-normalise), ``query_template`` / ``doc_template`` (``sie.core.templates``).
 torch and sentence-transformers are imported in ``load`` only (extra ``st``).
 """
 
@@ -15,29 +15,12 @@ from typing import Any
 import numpy as np
 
 from sie.core.config import ModelConfig, ResolvedProfile
-from sie.core.errors import InferenceError, InvalidInput, ModelLoadFailed
+from sie.core.errors import InferenceError, ModelLoadFailed
+from sie.core.templates import render_input
 from sie.engines.batching import plan_padding_chunks
 from sie.engines.weights import resolve_weights
 
-__all__ = ["DenseEncoder", "apply_template"]
-
-
-def apply_template(
-    text: str, instruction: str | None, is_query: bool, options: Mapping[str, Any]
-) -> str:
-    """Reference §3.1 templates: ``query_template`` when ``is_query``, else
-    ``doc_template``; without a template a non-empty instruction is prefixed."""
-    name = "query_template" if is_query else "doc_template"
-    template = options.get(name)
-    if template:
-        try:
-            return str(template).format(text=text, instruction=instruction or "")
-        except (KeyError, IndexError, ValueError) as exc:
-            raise InvalidInput(
-                f"options.{name}: {template!r} may only use the fields {{text}} and {{instruction}} ({exc!r})",
-                field=f"params.options.{name}",
-            ) from exc
-    return f"{instruction} {text}" if instruction else text
+__all__ = ["DenseEncoder"]
 
 
 class DenseEncoder:
@@ -105,47 +88,49 @@ class DenseEncoder:
         return self._dim
 
     def _clip(self, text: str, window: int) -> str:
-        """A whitespace-bounded prefix holding at least ``window`` tokens, else ``text``.
+        """A prefix of ``text`` that encodes exactly like it under truncation, else ``text``.
 
-        Encoding the prefix under truncation gives exactly the tokens of the full
-        text, so huge inputs cost a bounded amount of tokenisation and inference.
+        Cut at ``n`` characters; the words wholly inside the cut tokenise as in the
+        full text (only the last, possibly cut, word may differ). Once those words
+        fill the ``window``, the prefix is enough. So a huge input costs a bounded
+        amount of tokenisation and inference, whatever its script or spacing.
         """
         n = window * 32
         while n < len(text):
-            cut = max(text.rfind(" ", 0, n), text.rfind("\n", 0, n), text.rfind("\t", 0, n))
-            if cut > 0:
-                prefix = text[:cut]
-                if len(self._counter.encode(prefix, add_special_tokens=False).ids) >= window:
-                    return prefix
+            words = self._counter.encode(text[:n], add_special_tokens=False).word_ids
+            last = words[-1] if words else None
+            if sum(1 for w in words if w != last) >= window:
+                return text[:n]
             n *= 4
         return text
 
-    def prepare(self, texts: Sequence[str]) -> tuple[list[str], list[int]]:
+    def prepare(
+        self,
+        texts: Sequence[str],
+        *,
+        instruction: str | None,
+        is_query: bool,
+        options: Mapping[str, Any],
+    ) -> tuple[list[str], list[int]]:
         window = int(self._model.max_seq_length)
+        rendered = [render_input(t, instruction, is_query, options) for t in texts]
         if self._counter is None:  # no fast tokenizer: estimate, reference §4.6 char count
-            return list(texts), [max(1, min(window, len(t) // 4)) for t in texts]
-        clipped = [self._clip(t, window) for t in texts]
+            return rendered, [max(1, min(window, len(t) // 4)) for t in rendered]
+        clipped = [self._clip(t, window) for t in rendered]
         encs = self._counter.encode_batch(clipped)
         return clipped, [max(1, min(window, len(e.ids))) for e in encs]
 
     def encode(
-        self,
-        texts: Sequence[str],
-        *,
-        output_types: Sequence[str],
-        instruction: str | None,
-        is_query: bool,
-        options: Mapping[str, Any],
+        self, texts: Sequence[str], *, output_types: Sequence[str], options: Mapping[str, Any]
     ) -> dict[str, np.ndarray]:
         if self._model is None:
             raise InferenceError(f"model {self.config.sie_id!r} is not loaded")
-        prepared = [apply_template(t, instruction, is_query, options) for t in texts]
         normalize = bool(options.get("normalize", False))
-        out = np.empty((len(prepared), self.dim), dtype=np.float32)
-        for chunk in self._chunks(prepared):
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for chunk in self._chunks(texts):
             try:
                 vecs = self._model.encode(
-                    [prepared[i] for i in chunk],
+                    [texts[i] for i in chunk],
                     batch_size=len(chunk),
                     convert_to_numpy=True,
                     normalize_embeddings=normalize,

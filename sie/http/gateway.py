@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sie import __version__
 from sie.core.errors import InvalidInput, SieError
 from sie.core.registry import ModelEntry
+from sie.core.templates import check_template
 from sie.http.errors import EXCEPTION_HANDLERS, CatchAll
 from sie.http.negotiation import read_payload, render, validate
 from sie.http.openai import embeddings
@@ -102,6 +103,9 @@ async def encode(request: Request) -> Response:
         req: EncodeRequest = validate(EncodeRequest, payload)
         params = req.params or EncodeParams()
         options = params.options.model_dump(exclude_none=True) if params.options else {}
+        for name in ("query_template", "doc_template"):
+            if name in options:
+                check_template(options[name], field=f"params.options.{name}")
         target = _profile_target(gateway, model, options.pop("profile", None))
         entry, _ = gateway.registry.resolve(target)
         # precedence: params, then options, then the profile's runtime defaults
@@ -151,7 +155,10 @@ async def encode(request: Request) -> Response:
         status = str(exc.status)
         raise
     finally:
-        metrics.requests.labels("encode", model, status).inc()
+        known = (
+            model if model in gateway.registry.snapshot.entries else "_unknown"
+        )  # bounded labels
+        metrics.requests.labels("encode", known, status).inc()
         metrics.request_duration.labels("encode").observe(time.monotonic() - started)
 
 

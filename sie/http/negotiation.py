@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from sie.core.errors import InvalidInput, PayloadTooLarge, WireError
@@ -23,28 +23,61 @@ __all__ = ["MSGPACK", "read_payload", "render", "validate", "wants_msgpack"]
 MSGPACK = "application/msgpack"
 
 
+MSGPACK_TYPES = frozenset(
+    {"application/msgpack", "application/x-msgpack", "application/vnd.msgpack"}
+)
+
+
+def _media(value: str) -> tuple[str, dict[str, str]]:
+    """``"application/json; charset=UTF-8"`` → ``("application/json", {"charset": "utf-8"})``."""
+    kind, *params = value.split(";")
+    out = {}
+    for p in params:
+        k, _, v = p.partition("=")
+        out[k.strip().lower()] = v.strip().strip('"').lower()
+    return kind.strip().lower(), out
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
 async def read_payload(request: Request, max_bytes: int) -> Any:
-    """Read and decode the body.
+    """Read and decode the body: msgpack when ``Content-Type`` is a msgpack type,
+    otherwise JSON (UTF-8/16/32 detected, or the declared ``charset``).
 
     Raises:
         PayloadTooLarge: more than ``max_bytes`` bytes (413).
-        WireError: empty or malformed JSON / msgpack (400 INVALID_PAYLOAD).
+        WireError: empty, truncated (client went away) or malformed JSON / msgpack
+            (400 INVALID_PAYLOAD, field ``body``).
     """
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > max_bytes:
         raise PayloadTooLarge(f"request body exceeds {max_bytes} bytes")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > max_bytes:
-            raise PayloadTooLarge(f"request body exceeds {max_bytes} bytes")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_bytes:
+                raise PayloadTooLarge(f"request body exceeds {max_bytes} bytes")
+    except ClientDisconnect as exc:
+        raise WireError("request body incomplete: the client disconnected", field="body") from exc
     if not body:
         raise WireError("request body is empty", field="body")
-    if "msgpack" in request.headers.get("content-type", ""):
-        return unpackb(bytes(body))
+    kind, params = _media(request.headers.get("content-type", ""))
+    if kind in MSGPACK_TYPES:
+        try:
+            return unpackb(bytes(body))
+        except WireError as exc:
+            exc.fields.setdefault("field", "body")
+            raise
     try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        charset = params.get("charset", "")
+        text: str | bytes = bytes(body)
+        if charset and charset.replace("-", "") not in ("utf8", "utf16", "utf32"):
+            text = bytes(body).decode(charset)
+        return json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError, LookupError, RecursionError) as exc:
         raise WireError(f"malformed JSON body: {exc}", field="body") from exc
 
 
@@ -70,6 +103,7 @@ _MESSAGES = {
     "bool_type": "expected true or false",
     "int_type": "expected an integer",
     "missing": "required",
+    "too_short": "must not be empty",
     "extra_forbidden": "unknown field",
 }
 
@@ -90,9 +124,7 @@ def validate(model: type[BaseModel], payload: Any) -> Any:
             loc = tuple(
                 p for p in e["loc"] if not (isinstance(p, str) and ("[" in p or p in _BRANCH_TAGS))
             )
-            msg = _MESSAGES.get(e["type"], e["msg"])
-            if e["type"] == "too_short" and loc and loc[-1] == "items":
-                msg = "must not be empty"
+            msg = _MESSAGES.get(e["type"], e["msg"].removeprefix("Value error, "))
             msgs.append((_loc(loc), msg))
         field, first = msgs[0]
         raise InvalidInput(
@@ -101,7 +133,20 @@ def validate(model: type[BaseModel], payload: Any) -> Any:
 
 
 def wants_msgpack(request: Request) -> bool:
-    return "msgpack" in request.headers.get("accept", "")
+    """msgpack when the best-weighted msgpack type in ``Accept`` has q > 0 and at
+    least the weight of ``application/json``; JSON otherwise (the gateway default)."""
+    best_msgpack = best_json = 0.0
+    for part in request.headers.get("accept", "").split(","):
+        kind, params = _media(part)
+        try:
+            q = float(params.get("q", "1"))
+        except ValueError:
+            q = 0.0
+        if kind in MSGPACK_TYPES:
+            best_msgpack = max(best_msgpack, q)
+        elif kind == "application/json":
+            best_json = max(best_json, q)
+    return best_msgpack > 0 and best_msgpack >= best_json
 
 
 def render(

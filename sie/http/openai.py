@@ -44,6 +44,14 @@ def _check_input(payload: Any) -> None:
         bad = next((i for i, x in enumerate(inp) if not isinstance(x, str)), None)
         if bad is not None:
             raise InvalidInput(f"input[{bad}]: expected a string", field="input")
+        for i, x in enumerate(inp):
+            if not x.isascii():
+                try:
+                    x.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise InvalidInput(
+                        f"input[{i}]: contains an unpaired surrogate", field="input"
+                    ) from None
     elif "input" in payload and not isinstance(inp, str):
         raise InvalidInput("input: expected a string or a list of strings", field="input")
 
@@ -87,7 +95,10 @@ async def embeddings(request: Request) -> Response:
         raise _as_openai_param(exc) from None
     finally:
         model = getattr(request.state, "model", "")
-        metrics.requests.labels("embeddings", model, status).inc()
+        known = (
+            model if model in gateway.registry.snapshot.entries else "_unknown"
+        )  # bounded labels
+        metrics.requests.labels("embeddings", known, status).inc()
         metrics.request_duration.labels("embeddings").observe(time.monotonic() - started)
 
 

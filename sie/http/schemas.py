@@ -6,7 +6,6 @@ errors and missing required fields are 400 INVALID_INPUT naming the field.
 
 from __future__ import annotations
 
-from string import Formatter
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -17,7 +16,6 @@ from pydantic import (
     StrictBool,
     StrictInt,
     StrictStr,
-    field_validator,
 )
 
 __all__ = ["EmbeddingsRequest", "EncodeOptions", "EncodeParams", "EncodeRequest", "Item"]
@@ -49,20 +47,6 @@ class Item(_Lenient):
     metadata: dict[str, Any] | None = None
 
 
-def _check_template(v: str | None) -> str | None:
-    if v is None:
-        return v
-    try:
-        names = {f for _, f, _, _ in Formatter().parse(v) if f is not None}
-    except ValueError as exc:
-        raise ValueError(f"not a valid format string: {exc}") from exc
-    if not names <= {"text", "instruction"}:
-        raise ValueError(
-            f"may only use the fields {{text}} and {{instruction}}, not {sorted(names - {'text', 'instruction'})}"
-        )
-    return v
-
-
 class EncodeOptions(BaseModel):
     """Runtime options (reference §1.5). Known keys are type-checked; others pass through
     to the engine untouched."""
@@ -76,8 +60,6 @@ class EncodeOptions(BaseModel):
     normalize: StrictBool | None = None
     query_template: StrictStr | None = None
     doc_template: StrictStr | None = None
-
-    _templates = field_validator("query_template", "doc_template")(_check_template)
 
 
 class EncodeParams(_Lenient):

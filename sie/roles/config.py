@@ -12,7 +12,7 @@ import anyio
 import anyio.abc
 
 from sie.core.config import dump_yaml
-from sie.core.errors import ModelNotFound
+from sie.core.errors import BundleNotFound, ModelNotFound
 from sie.core.hashing import bundle_config_hash, bundle_config_hashes_hash, bundles_hash
 from sie.core.registry import ModelRegistry
 
@@ -42,7 +42,7 @@ class ConfigRole:
     def bundle_yaml(self, bundle_id: str) -> str:
         b = self.registry.snapshot.bundles.get(bundle_id)
         if b is None:
-            raise ModelNotFound(f"bundle {bundle_id!r} not found", bundle=bundle_id)
+            raise BundleNotFound(f"bundle {bundle_id!r} not found", bundle=bundle_id)
         return dump_yaml(b.model_dump(mode="json", exclude_none=True))
 
     def epoch_info(self) -> dict[str, Any]:

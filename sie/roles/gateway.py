@@ -244,7 +244,13 @@ class GatewayRole:
                 field="items",
             )
         entry, bundle = self.registry.resolve(model_id)
+        model_id = entry.model_id  # canonical: "m:default" is "m"
         limit = self.settings.max_text_chars
+        if instruction is not None and len(instruction) > limit:
+            raise InvalidInput(
+                f"params.instruction: {len(instruction)} characters exceeds the limit of {limit}",
+                field="params.instruction",
+            )
         for i, item in enumerate(items):
             text = item.get("text")
             if isinstance(text, str) and len(text) > limit:

@@ -12,6 +12,7 @@ is NAKed for redelivery, so acknowledged work is never lost.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -45,20 +46,20 @@ INLINE_PREPARE_CHARS = 2048
 
 
 def encode_batch_fn(engine: EncodeEngine) -> Any:
-    """The batcher's ``run_batch`` for encode: one engine call per config group."""
+    """The batcher's ``run_batch`` for encode: one engine call per config group.
 
-    def run(key: Hashable, texts: Sequence[str]) -> list[dict[str, np.ndarray]]:
-        output_types, instruction, is_query, options = cast(
-            tuple[tuple[str, ...], str | None, bool, tuple[tuple[str, Any], ...]], key
-        )
+    Payloads are ``(prepared_text, options)``; the group key holds the output
+    types and the frozen options, so every payload of a group has equal options.
+    """
+
+    def run(
+        key: Hashable, payloads: Sequence[tuple[str, dict[str, Any]]]
+    ) -> list[dict[str, np.ndarray]]:
+        output_types = cast(tuple[tuple[str, ...], Any], key)[0]
         out = engine.encode(
-            texts,
-            output_types=output_types,
-            instruction=instruction,
-            is_query=is_query,
-            options=dict(options),
+            [p[0] for p in payloads], output_types=output_types, options=payloads[0][1]
         )
-        return [{k: v[i] for k, v in out.items()} for i in range(len(texts))]
+        return [{k: v[i] for k, v in out.items()} for i in range(len(payloads))]
 
     return run
 
@@ -301,14 +302,21 @@ class WorkerRole:
             item.is_query if item.is_query is not None else options.get("is_query", False)
         )
         t_tok = time.monotonic()
-        if len(text) <= INLINE_PREPARE_CHARS:
-            texts, counts = loaded.engine.prepare([text])
+        prep = functools.partial(
+            loaded.engine.prepare,
+            [text],
+            instruction=instruction,
+            is_query=is_query,
+            options=options,
+        )
+        if len(text) + len(instruction or "") <= INLINE_PREPARE_CHARS:
+            texts, counts = prep()
         else:  # long input: tokenise off the event loop (and off the inference thread)
-            texts, counts = await anyio.to_thread.run_sync(loaded.engine.prepare, [text])
-        text, tokens = texts[0], counts[0]
+            texts, counts = await anyio.to_thread.run_sync(prep)
+        tokens = counts[0]
         tokenization_ms = (time.monotonic() - t_tok) * 1000.0
-        key = (output_types, instruction, is_query, _freeze(options))
-        vectors, stats = await loaded.batcher.submit(text, tokens, key)
+        key = (output_types, _freeze(options))
+        vectors, stats = await loaded.batcher.submit((texts[0], options), tokens, key)
         dims = entry.config.dims
         blob = {
             t: {

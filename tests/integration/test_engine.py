@@ -10,11 +10,13 @@ import pytest
 
 from sie.core.config import parse_model_config
 from sie.core.errors import ModelLoadFailed
-from sie.engines.sentence_transformers import DenseEncoder, apply_template
+from sie.engines.sentence_transformers import DenseEncoder
 from sie.engines.weights import resolve_weights
 from tests.conftest import CONFIGS
 
 pytestmark = pytest.mark.slow
+
+NO_TEMPLATE: dict = {"instruction": None, "is_query": False, "options": {}}
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +37,6 @@ def test_vector_does_not_depend_on_batch(engine: DenseEncoder) -> None:
     ]
     kw = {
         "output_types": ["dense"],
-        "instruction": None,
-        "is_query": False,
         "options": {"normalize": True},
     }
     alone = engine.encode([target], **kw)["dense"][0]
@@ -45,11 +45,9 @@ def test_vector_does_not_depend_on_batch(engine: DenseEncoder) -> None:
 
 
 def test_shapes_tokens_and_truncation(engine: DenseEncoder) -> None:
-    out = engine.encode(
-        ["a", "b c"], output_types=["dense"], instruction=None, is_query=False, options={}
-    )
+    out = engine.encode(["a", "b c"], output_types=["dense"], options={})
     assert out["dense"].shape == (2, 384) and out["dense"].dtype == np.float32
-    texts, counts = engine.prepare(["hello", "word " * 5000])
+    texts, counts = engine.prepare(["hello", "word " * 5000], **NO_TEMPLATE)
     assert counts == [3, 256]  # [CLS] hello [SEP]; truncated at max_sequence_length
     assert texts[0] == "hello" and len(texts[1]) < 10_000  # clipped to a bounded prefix
 
@@ -59,18 +57,18 @@ def test_shapes_tokens_and_truncation(engine: DenseEncoder) -> None:
     [
         "word " * 200_000,
         ("Long documents mix punctuation, numbers (1,234.5) and\nnew lines\twith tabs. " * 5000),
-        "x" * 50_000,  # no whitespace at all: nothing to clip at, encoded whole
+        "x" * 50_000,  # one giant word: nothing to clip at, encoded whole
+        "日本語の文書には空白がありません" * 4000,  # CJK: no spaces, one token per character
+        "." * 50_000,  # punctuation only
         "short text stays as it is",
     ],
-    ids=["many-words", "mixed", "one-giant-word", "short"],
+    ids=["many-words", "mixed", "one-giant-word", "cjk", "dots", "short"],
 )
 def test_clipping_is_exact(engine: DenseEncoder, st_model: object, text: str) -> None:
-    (clipped,), (tokens,) = engine.prepare([text])
+    (clipped,), (tokens,) = engine.prepare([text], **NO_TEMPLATE)
     assert text.startswith(clipped) and 1 <= tokens <= 256
     kw = {
         "output_types": ["dense"],
-        "instruction": None,
-        "is_query": False,
         "options": {"normalize": True},
     }
     got = engine.encode([clipped], **kw)["dense"][0]
@@ -87,7 +85,7 @@ def test_prepare_is_safe_during_encode(engine: DenseEncoder) -> None:
     def count() -> None:
         while not stop.is_set():
             try:
-                engine.prepare(["a b c " * 50, "x"])
+                engine.prepare(["a b c " * 50, "x"], **NO_TEMPLATE)
             except BaseException as exc:
                 errors.append(exc)
 
@@ -95,7 +93,7 @@ def test_prepare_is_safe_during_encode(engine: DenseEncoder) -> None:
     for t in threads:
         t.start()
     try:
-        kw = {"output_types": ["dense"], "instruction": None, "is_query": False, "options": {}}
+        kw = {"output_types": ["dense"], "options": {}}
         for i in range(15):
             out = engine.encode([f"text {i} " * (1 + i % 40), "y", "z " * 300], **kw)["dense"]
             assert out.shape == (3, 384)
@@ -104,13 +102,6 @@ def test_prepare_is_safe_during_encode(engine: DenseEncoder) -> None:
         for t in threads:
             t.join()
     assert errors == []
-
-
-def test_templates() -> None:
-    assert apply_template("t", None, False, {}) == "t"
-    assert apply_template("t", "Represent:", True, {}) == "Represent: t"
-    assert apply_template("t", "I", True, {"query_template": "query: {text}"}) == "query: t"
-    assert apply_template("t", "I", False, {"doc_template": "{instruction}|{text}"}) == "I|t"
 
 
 def test_weights_from_package(minilm_path: Path) -> None:
@@ -189,8 +180,6 @@ def test_length_bucketed_batches_match_sentence_transformers(
     ]
     kw = {
         "output_types": ["dense"],
-        "instruction": None,
-        "is_query": False,
         "options": {"normalize": True},
     }
     assert len(engine._chunks(texts)) > 1  # the split really happens
