@@ -64,9 +64,17 @@ class EncodeEngine(Protocol):
         ...
 
     def encode(
-        self, texts: Sequence[str], *, output_types: Sequence[str], options: Mapping[str, Any]
+        self,
+        texts: Sequence[str],
+        *,
+        output_types: Sequence[str],
+        options: Mapping[str, Any],
+        lengths: Sequence[int] | None = None,
     ) -> dict[str, np.ndarray]:
         """Encode a batch of prepared texts (``prepare``'s output).
+
+        ``lengths`` are ``prepare``'s token counts, when the caller kept them
+        (spares re-tokenising to plan padding).
 
         Returns:
             ``{"dense": float32 [len(texts), dim]}`` (L2-normalised when the

@@ -121,13 +121,18 @@ class DenseEncoder:
         return clipped, [max(1, min(window, len(e.ids))) for e in encs]
 
     def encode(
-        self, texts: Sequence[str], *, output_types: Sequence[str], options: Mapping[str, Any]
+        self,
+        texts: Sequence[str],
+        *,
+        output_types: Sequence[str],
+        options: Mapping[str, Any],
+        lengths: Sequence[int] | None = None,
     ) -> dict[str, np.ndarray]:
         if self._model is None:
             raise InferenceError(f"model {self.config.sie_id!r} is not loaded")
         normalize = bool(options.get("normalize", False))
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        for chunk in self._chunks(texts):
+        for chunk in self._chunks(texts, lengths):
             try:
                 vecs = self._model.encode(
                     [texts[i] for i in chunk],
@@ -141,10 +146,13 @@ class DenseEncoder:
             out[chunk] = vecs
         return {"dense": out}
 
-    def _chunks(self, texts: Sequence[str]) -> list[list[int]]:
+    def _chunks(
+        self, texts: Sequence[str], lengths: Sequence[int] | None = None
+    ) -> list[list[int]]:
         """Length-bucketed forward passes (``plan_padding_chunks``): less padding, same vectors."""
-        if self._counter is None or len(texts) <= 8:
+        if len(texts) <= 8 or (lengths is None and self._counter is None):
             return [list(range(len(texts)))]
-        window = int(self._model.max_seq_length)
-        lengths = [min(window, len(e.ids)) for e in self._counter.encode_batch(list(texts))]
+        if lengths is None:
+            window = int(self._model.max_seq_length)
+            lengths = [min(window, len(e.ids)) for e in self._counter.encode_batch(list(texts))]
         return plan_padding_chunks(lengths)

@@ -48,12 +48,12 @@ INLINE_PREPARE_CHARS = 2048
 def encode_batch_fn(engine: EncodeEngine) -> Any:
     """The batcher's ``run_batch`` for encode: one engine call per config group.
 
-    Payloads are ``(prepared_text, options)``; the group key holds the output
-    types and the frozen options, so every payload of a group has equal options.
+    Payloads are ``(prepared_text, options, tokens)``; the group key holds the
+    output types and the frozen options, so every payload of a group has equal options.
     """
 
     def run(
-        key: Hashable, payloads: Sequence[tuple[str, dict[str, Any]]]
+        key: Hashable, payloads: Sequence[tuple[str, dict[str, Any], int]]
     ) -> list[dict[str, np.ndarray]]:
         output_types = cast(tuple[tuple[str, ...], Any], key)[0]
         out = engine.encode(
@@ -316,7 +316,7 @@ class WorkerRole:
         tokens = counts[0]
         tokenization_ms = (time.monotonic() - t_tok) * 1000.0
         key = (output_types, _freeze(options))
-        vectors, stats = await loaded.batcher.submit((texts[0], options), tokens, key)
+        vectors, stats = await loaded.batcher.submit((texts[0], options, tokens), tokens, key)
         dims = entry.config.dims
         blob = {
             t: {
