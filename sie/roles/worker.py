@@ -57,7 +57,10 @@ def encode_batch_fn(engine: EncodeEngine) -> Any:
     ) -> list[dict[str, np.ndarray]]:
         output_types = cast(tuple[tuple[str, ...], Any], key)[0]
         out = engine.encode(
-            [p[0] for p in payloads], output_types=output_types, options=payloads[0][1]
+            [p[0] for p in payloads],
+            output_types=output_types,
+            options=payloads[0][1],
+            lengths=[p[2] for p in payloads],
         )
         return [{k: v[i] for k, v in out.items()} for i in range(len(payloads))]
 
