@@ -139,11 +139,6 @@ class ModelRegistry:
             self._rebuild(self._snapshot.bundles, configs)
             return routable
 
-    def replace_models(self, configs: Iterable[ModelConfig]) -> None:
-        """Atomically replace the whole model set (unroutable configs are kept, unrouted)."""
-        with self._lock:
-            self._rebuild(self._snapshot.bundles, {c.sie_id: c for c in configs})
-
     def resolve(self, model_id: str, bundle: str | None = None) -> tuple[ModelEntry, str]:
         """Map a public model id (optionally pinned to a bundle) to its entry and bundle.
 

@@ -39,6 +39,7 @@ class _Pending(Generic[P, R]):
     cancelled: bool = False
     started_at: float = 0.0
     inference_s: float = 0.0
+    batch_size: int = 0
 
 
 @dataclass(slots=True)
@@ -106,7 +107,7 @@ class TokenBudgetBatcher(Generic[P, R]):
             raise
         if item.error is not None:
             raise item.error
-        stats = BatchStats(item.started_at - item.enqueued_at, item.inference_s, 0)
+        stats = BatchStats(item.started_at - item.enqueued_at, item.inference_s, item.batch_size)
         return item.result, stats  # type: ignore[return-value]
 
     async def _wait_arrival(self, timeout_s: float) -> bool:
@@ -190,6 +191,7 @@ class TokenBudgetBatcher(Generic[P, R]):
             for p, r in zip(items, results, strict=True):
                 p.result = r
                 p.inference_s = elapsed
+                p.batch_size = len(items)
                 p.done.set()
 
 
