@@ -82,8 +82,13 @@ def test_client_disconnect_mid_body_is_a_400_not_a_500(stack: Stack, client: htt
         reply = b""
         while chunk := s.recv(65536):
             reply += chunk
+    # Two honest outcomes, depending on whether the EOF reaches hypercorn before or after
+    # the app starts reading the body: hypercorn's own bodiless 400, or ours with a code.
+    # Never a 500, and the server stays healthy.
     assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
-    assert b"INVALID_PAYLOAD" in reply
+    _head, _, body = reply.partition(b"\r\n\r\n")
+    if body:
+        assert b"INVALID_PAYLOAD" in body, reply[:400]
     assert client.get("/healthz").text == "ok"
 
 
