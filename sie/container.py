@@ -20,6 +20,7 @@ from starlette.applications import Starlette
 from sie.control.seed import load_bundles, load_models
 from sie.core.errors import ConfigError, SieError
 from sie.core.registry import ModelRegistry
+from sie.http.auth import AuthPolicy, audit_auth
 from sie.http.config import build_config_app
 from sie.http.gateway import build_gateway_app
 from sie.http.server import serve_app
@@ -64,20 +65,47 @@ def build_bus(settings: ServeSettings) -> Bus:
 
 @dataclass
 class Running:
-    """What a started container exposes (ports are the real bound ports)."""
+    """What a started container exposes (ports are the real bound ports).
 
-    registry: ModelRegistry
+    ``registry`` is the gateway's registry when a gateway runs, else the worker's;
+    each role converges its own registry through the bus and the config service.
+    """
+
+    registry: ModelRegistry | None
     bus: Bus
     gateway: GatewayRole | None = None
     worker: WorkerRole | None = None
     config: ConfigRole | None = None
     gateway_port: int | None = None
     config_port: int | None = None
+    config_url: str | None = None
     apps: dict[str, Starlette] = field(default_factory=dict)
 
 
+def auth_policy(settings: ServeSettings) -> AuthPolicy:
+    return AuthPolicy(
+        mode=settings.auth_mode,
+        tokens=tuple(settings.inference_tokens()),
+        admin_token=settings.admin(),
+        exempt_operational=settings.auth_exempt_operational,
+    )
+
+
+def _local_url(host: str, port: int) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 class Container:
-    """Builds and runs ``settings.roles`` in one process."""
+    """Builds and runs ``settings.roles`` in one process.
+
+    Each role owns its registry (as when the roles run as separate processes): the
+    config role loads the authoritative one; gateway and worker load the filesystem
+    seed (when ``--models-dir``/``--bundles-dir`` are given) and then converge on the
+    authority through deltas and the epoch poller. With the config role in the same
+    process and no ``SIE_CONFIG_SERVICE_URL``, they use the local config port.
+    """
 
     def __init__(
         self,
@@ -89,8 +117,16 @@ class Container:
     ) -> None:
         self.settings = settings
         self.bus = bus if bus is not None else build_bus(settings)
-        self.registry = registry if registry is not None else build_registry(settings)
+        self._registry = registry
         self.metrics = metrics
+        policy = auth_policy(settings)
+        for finding in audit_auth(policy):
+            (log.error if finding.startswith("error") else log.warning)("auth: %s", finding)
+        if settings.config_trust_any_producer:
+            log.warning("SIE_NATS_CONFIG_TRUST_ANY_PRODUCER is on: any config delta is applied")
+
+    def _seed_registry(self) -> ModelRegistry:
+        return self._registry if self._registry is not None else build_registry(self.settings)
 
     async def run(
         self,
@@ -100,31 +136,56 @@ class Container:
     ) -> None:
         """Serve until ``shutdown`` is set, then drain and stop."""
         s = self.settings
-        running = Running(self.registry, self.bus)
+        policy = auth_policy(s)
+        running = Running(None, self.bus)
         async with self.bus, anyio.create_task_group() as roles:
-            # the gateway subscribes first, so it hears the worker's first heartbeat
-            if "gateway" in s.roles:
-                running.gateway = GatewayRole(self.bus, self.registry, s)
-                await roles.start(running.gateway.run)
-            if "worker" in s.roles:
-                running.worker = WorkerRole(self.bus, self.registry, s, self.metrics)
-                await roles.start(running.worker.run)
-            if "config" in s.roles:
-                running.config = ConfigRole(self.registry)
-                await roles.start(running.config.run)
             async with anyio.create_task_group() as http:
-                if running.gateway is not None:
-                    app = build_gateway_app(running.gateway, self.metrics)
-                    running.apps["gateway"] = app
-                    running.gateway_port = await http.start(
-                        _serve, app, s.host, s.port, shutdown, "gateway", s.drain_timeout_s
-                    )
-                if running.config is not None:
-                    capp = build_config_app(running.config)
+                # config first: co-located gateway/worker sync from its real port
+                if "config" in s.roles:
+                    running.config = ConfigRole(s, self.bus, self.metrics)
+                    await roles.start(running.config.run)
+                    capp = build_config_app(running.config, self.metrics, policy)
                     running.apps["config"] = capp
                     running.config_port = await http.start(
                         _serve, capp, s.host, s.config_port, shutdown, "config", s.drain_timeout_s
                     )
+                running.config_url = s.config_service_url or (
+                    _local_url(s.host, running.config_port) if running.config_port else None
+                )
+                # the gateway subscribes before the worker, so it hears the first heartbeat
+                if "gateway" in s.roles:
+                    running.gateway = GatewayRole(
+                        self.bus,
+                        self._seed_registry(),
+                        s,
+                        config_service_url=running.config_url,
+                        metrics=self.metrics,
+                    )
+                    await roles.start(running.gateway.run)
+                if "worker" in s.roles:
+                    running.worker = WorkerRole(
+                        self.bus,
+                        self._seed_registry(),
+                        s,
+                        self.metrics,
+                        config_service_url=running.config_url,
+                    )
+                    await roles.start(running.worker.run)
+                if running.gateway is not None:
+                    app = build_gateway_app(running.gateway, self.metrics, policy)
+                    running.apps["gateway"] = app
+                    running.gateway_port = await http.start(
+                        _serve, app, s.host, s.port, shutdown, "gateway", s.drain_timeout_s
+                    )
+                running.registry = (
+                    running.gateway.registry
+                    if running.gateway
+                    else running.worker.registry
+                    if running.worker
+                    else running.config.registry
+                    if running.config
+                    else None
+                )
                 task_status.started(running)
                 await shutdown.wait()
                 for app in running.apps.values():

@@ -12,7 +12,7 @@ import socket
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 __all__ = ["ENV_VARS", "ROLES", "ServeSettings"]
 
@@ -57,6 +57,21 @@ class ServeSettings(BaseModel):
     max_deliver: int = 20
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     log_level: str = "INFO"
+    # config authority (architecture §3, §9, §13 "Config service")
+    config_store_dir: str | None = None
+    config_restore: bool = False
+    config_producer_id: str = Field(default_factory=lambda: f"sie-config-{socket.gethostname()}")
+    # config sync on gateways and workers (architecture §4, §13 "Gateway")
+    config_service_url: str | None = None
+    config_poll_interval_s: float = Field(default=30.0, gt=0)
+    config_trusted_producers: tuple[str, ...] = ("sie-config",)
+    config_trust_any_producer: bool = False
+    # auth (architecture §3 step 1, §13)
+    auth_mode: str = "none"
+    auth_token: SecretStr | None = None
+    auth_tokens: tuple[SecretStr, ...] = ()
+    admin_token: SecretStr | None = None
+    auth_exempt_operational: bool = False
 
     @field_validator("roles", mode="before")
     @classmethod
@@ -76,6 +91,28 @@ class ServeSettings(BaseModel):
         if not re.fullmatch(r"[A-Za-z0-9_-]+", v):
             raise ValueError(f"{v!r} must match [A-Za-z0-9_-]+")
         return v.lower()
+
+    @field_validator("config_trusted_producers", "auth_tokens", mode="before")
+    @classmethod
+    def _csv_any(cls, v: object) -> object:
+        if isinstance(v, str):
+            return tuple(x.strip() for x in v.split(",") if x.strip())
+        return v
+
+    @field_validator("auth_token", "admin_token", mode="before")
+    @classmethod
+    def _blank_is_none(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v
+
+    def inference_tokens(self) -> list[str]:
+        """Tokens accepted on inference and read routes (``SIE_AUTH_TOKENS`` + ``SIE_AUTH_TOKEN``)."""
+        out = [t.get_secret_value() for t in self.auth_tokens]
+        if self.auth_token is not None:
+            out.append(self.auth_token.get_secret_value())
+        return [t for t in out if t]
+
+    def admin(self) -> str | None:
+        return self.admin_token.get_secret_value() if self.admin_token is not None else None
 
     @field_validator("preload", mode="before")
     @classmethod
@@ -123,4 +160,16 @@ ENV_VARS: dict[str, str] = {
     "SIE_MAX_DELIVER": "max_deliver",
     "SIE_HEARTBEAT_INTERVAL_S": "heartbeat_interval_s",
     "SIE_LOG_LEVEL": "log_level",
+    "SIE_CONFIG_STORE_DIR": "config_store_dir",
+    "SIE_CONFIG_RESTORE": "config_restore",
+    "SIE_CONFIG_PRODUCER_ID": "config_producer_id",
+    "SIE_CONFIG_SERVICE_URL": "config_service_url",
+    "SIE_CONFIG_POLL_INTERVAL_S": "config_poll_interval_s",
+    "SIE_NATS_CONFIG_TRUSTED_PRODUCERS": "config_trusted_producers",
+    "SIE_NATS_CONFIG_TRUST_ANY_PRODUCER": "config_trust_any_producer",
+    "SIE_AUTH_MODE": "auth_mode",
+    "SIE_AUTH_TOKEN": "auth_token",
+    "SIE_AUTH_TOKENS": "auth_tokens",
+    "SIE_ADMIN_TOKEN": "admin_token",
+    "SIE_AUTH_EXEMPT_OPERATIONAL": "auth_exempt_operational",
 }

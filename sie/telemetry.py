@@ -6,7 +6,7 @@ Metric names follow reference §4.12 where one exists.
 from __future__ import annotations
 
 from opentelemetry import trace
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = ["METRICS", "Metrics", "tracer"]
 
@@ -47,6 +47,35 @@ class Metrics:
             "sie_worker_items_total",
             "Work items settled by workers",
             ["model", "outcome"],
+            registry=self.registry,
+        )
+
+        # config convergence (architecture §4, §15; reference §5.9)
+        self.config_epoch = Gauge(
+            "sie_config_epoch", "Local config epoch", ["role"], registry=self.registry
+        )
+        self.config_bootstrap_degraded = Gauge(
+            "sie_gateway_config_bootstrap_degraded",
+            "1 after 10 failed config bootstrap attempts or 5 minutes of failure",
+            ["role"],
+            registry=self.registry,
+        )
+        self.config_operations = Counter(
+            "sie_gateway_config_operations_total",
+            "Config bootstrap and poll operations",
+            ["role", "operation", "outcome"],
+            registry=self.registry,
+        )
+        self.config_deltas = Counter(
+            "sie_gateway_config_deltas_total",
+            "Config deltas received, by outcome",
+            ["role", "outcome"],
+            registry=self.registry,
+        )
+        self.config_publishes = Counter(
+            "sie_config_nats_publishes_total",
+            "Config delta publishes by the authority",
+            ["result"],
             registry=self.registry,
         )
 

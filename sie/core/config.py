@@ -12,6 +12,7 @@ names the offending key path (e.g. ``profiles.default.max_batch_tokenz: unknown 
 from __future__ import annotations
 
 import io
+import math
 import re
 from typing import Any, Literal
 
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from sie.core.errors import ConfigError
+from sie.core.errors import ConfigError, InvalidModelId, ParseError
 
 __all__ = [
     "AdapterOptions",
@@ -48,13 +49,15 @@ def validate_model_id(model_id: str) -> str:
         ConfigError: on ``..``/``\\``, a regex mismatch, or ``status``/``*/status``.
     """
     if ".." in model_id or "\\" in model_id:
-        raise ConfigError(
+        raise InvalidModelId(
             f"sie_id {model_id!r}: path traversal ('..' or '\\') is not allowed", field="sie_id"
         )
     if not MODEL_ID_RE.match(model_id):
-        raise ConfigError(f"sie_id {model_id!r} must match {MODEL_ID_RE.pattern}", field="sie_id")
+        raise InvalidModelId(
+            f"sie_id {model_id!r} must match {MODEL_ID_RE.pattern}", field="sie_id"
+        )
     if model_id == "status" or model_id.endswith("/status"):
-        raise ConfigError(f"sie_id {model_id!r} must not be or end in 'status'", field="sie_id")
+        raise InvalidModelId(f"sie_id {model_id!r} must not be or end in 'status'", field="sie_id")
     return model_id
 
 
@@ -284,18 +287,57 @@ def _yaml() -> YAML:
     return y
 
 
+#: Most values a config document may expand to (YAML aliases can multiply a small text).
+MAX_YAML_NODES = 200_000
+
+
+def _check_plain(value: Any, path: str, budget: list[int], active: set[int]) -> None:
+    """JSON-representable data only: str keys, finite numbers, no timestamps or binary,
+    no self-referencing aliases, at most ``MAX_YAML_NODES`` values once expanded."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ParseError(
+            f"document expands to more than {MAX_YAML_NODES} values (alias bomb?)", field="body"
+        )
+    if isinstance(value, (dict, list)):
+        if id(value) in active:
+            raise ParseError(f"{path or '(top level)'}: recursive YAML alias", field=path or "body")
+        active.add(id(value))
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if not isinstance(k, str):
+                    raise ParseError(f"{path}: mapping key {k!r} must be a string", field=path)
+                _check_plain(v, f"{path}.{k}" if path else k, budget, active)
+        else:
+            for i, v in enumerate(value):
+                _check_plain(v, f"{path}[{i}]", budget, active)
+        active.discard(id(value))
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ParseError(f"{path}: non-finite number {value!r}", field=path)
+    elif value is not None and not isinstance(value, (str, int, bool)):
+        raise ParseError(
+            f"{path}: unsupported YAML value of type {type(value).__name__} (quote it as a string)",
+            field=path,
+        )
+
+
 def load_yaml(text: str | bytes, *, what: str = "document") -> dict[str, Any]:
-    """Parse one YAML mapping.
+    """Parse one YAML mapping of plain JSON-representable data.
 
     Raises:
-        ConfigError: not valid YAML, or not a mapping.
+        ParseError: not valid UTF-8 YAML, not a mapping, or a value JSON cannot
+            carry (timestamps, binary, non-string keys, NaN); names the path.
     """
     try:
         data = _yaml().load(text)
-    except YAMLError as exc:
-        raise ConfigError(f"{what}: invalid YAML: {exc}") from exc
+    except (YAMLError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ParseError(f"{what}: invalid YAML: {exc}", field="body") from exc
     if not isinstance(data, dict):
-        raise ConfigError(f"{what}: expected a YAML mapping, got {type(data).__name__}")
+        raise ParseError(
+            f"{what}: expected a YAML mapping, got {type(data).__name__}", field="body"
+        )
+    _check_plain(data, "", [MAX_YAML_NODES], set())
     return data
 
 

@@ -12,7 +12,20 @@ Tree::
     ├── ModelNotFound              404 MODEL_NOT_FOUND
     ├── BundleNotFound             404 BUNDLE_NOT_FOUND
     ├── ConfigError                400 INVALID_CONFIG     (bad model/bundle YAML; names keys)
-    │   └── UnroutableModel        422 UNROUTABLE_MODEL   (no bundle serves the adapter)
+    │   ├── ParseError             400 PARSE_ERROR        (not YAML / not a mapping)
+    │   ├── InvalidModelId         400 INVALID_MODEL_ID   (architecture §3 _validate_model_id)
+    │   ├── ValidationFailed       422 VALIDATION_ERROR   (config write fails the schema)
+    │   │   └── UnroutableModel    422 UNROUTABLE_MODEL   (no bundle serves the adapter)
+    │   └── ContentConflict        409 CONTENT_CONFLICT   (append-only rule broken, §3 step 3.3)
+    ├── BundleConflict             409 BUNDLE_CONFLICT    (resolve: bundle cannot serve the model)
+    ├── IdempotencyMismatch        422 IDEMPOTENCY_MISMATCH (same key, different body, §3)
+    ├── IdempotentInflightCancelled 503 IDEMPOTENT_INFLIGHT_CANCELLED (owner cancelled, §3)
+    ├── RegistryUnavailable        503 REGISTRY_UNAVAILABLE (config role: bundles failed, §11.8)
+    ├── PublisherUnavailable       503 NATS_UNAVAILABLE   (delta publisher disconnected, §3 step 3.6)
+    ├── StoreUnavailable           503 STORE_UNAVAILABLE  (config store write failed; nothing changed)
+    ├── Unauthorized               401 UNAUTHORIZED       (missing/wrong bearer token, §13)
+    ├── Forbidden                  403 FORBIDDEN          (token lacks the right, §3 step 1)
+    ├── AuthMisconfigured          500 AUTH_MISCONFIGURED (auth on, no tokens configured, §13)
     ├── PayloadTooLarge            413 PAYLOAD_TOO_LARGE
     ├── ModelLoading               503 MODEL_LOADING      (retryable, Retry-After 5)
     ├── ModelLoadFailed            502 MODEL_LOAD_FAILED  (terminal, no Retry-After)
@@ -31,22 +44,35 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "AuthMisconfigured",
     "Backpressure",
+    "BundleConflict",
     "BundleNotFound",
     "ConfigError",
+    "ContentConflict",
+    "Forbidden",
     "GatewayTimeout",
+    "IdempotencyMismatch",
+    "IdempotentInflightCancelled",
     "InferenceError",
     "InvalidInput",
+    "InvalidModelId",
     "ModelLoadFailed",
     "ModelLoading",
     "ModelNotFound",
+    "ParseError",
     "PayloadTooLarge",
     "Provisioning",
+    "PublisherUnavailable",
     "QueueUnavailable",
+    "RegistryUnavailable",
     "ResourceExhausted",
     "ShuttingDown",
     "SieError",
+    "StoreUnavailable",
+    "Unauthorized",
     "UnroutableModel",
+    "ValidationFailed",
     "WireError",
     "error_for_code",
 ]
@@ -101,9 +127,76 @@ class ConfigError(SieError):
     status = 400
 
 
-class UnroutableModel(ConfigError):
+class ParseError(ConfigError):
+    code = "PARSE_ERROR"
+
+
+class InvalidModelId(ConfigError):
+    code = "INVALID_MODEL_ID"
+
+
+class ValidationFailed(ConfigError):
+    code = "VALIDATION_ERROR"
+    status = 422
+
+
+class UnroutableModel(ValidationFailed):
     code = "UNROUTABLE_MODEL"
     status = 422
+
+
+class ContentConflict(ConfigError):
+    code = "CONTENT_CONFLICT"
+    status = 409
+
+
+class BundleConflict(SieError):
+    code = "BUNDLE_CONFLICT"
+    status = 409
+
+
+class IdempotencyMismatch(SieError):
+    code = "IDEMPOTENCY_MISMATCH"
+    status = 422
+
+
+class IdempotentInflightCancelled(SieError):
+    code = "IDEMPOTENT_INFLIGHT_CANCELLED"
+    status = 503
+    retry_after_s = 1
+
+
+class RegistryUnavailable(SieError):
+    code = "REGISTRY_UNAVAILABLE"
+    status = 503
+    retry_after_s = 30
+
+
+class PublisherUnavailable(SieError):
+    code = "NATS_UNAVAILABLE"
+    status = 503
+    retry_after_s = 5
+
+
+class StoreUnavailable(SieError):
+    code = "STORE_UNAVAILABLE"
+    status = 503
+    retry_after_s = 5
+
+
+class Unauthorized(SieError):
+    code = "UNAUTHORIZED"
+    status = 401
+
+
+class Forbidden(SieError):
+    code = "FORBIDDEN"
+    status = 403
+
+
+class AuthMisconfigured(SieError):
+    code = "AUTH_MISCONFIGURED"
+    status = 500
 
 
 class PayloadTooLarge(SieError):
@@ -175,6 +268,19 @@ _BY_CODE: dict[str, type[SieError]] = {
         BundleNotFound,
         ConfigError,
         UnroutableModel,
+        ParseError,
+        InvalidModelId,
+        ValidationFailed,
+        ContentConflict,
+        BundleConflict,
+        IdempotencyMismatch,
+        IdempotentInflightCancelled,
+        RegistryUnavailable,
+        PublisherUnavailable,
+        StoreUnavailable,
+        Unauthorized,
+        Forbidden,
+        AuthMisconfigured,
         PayloadTooLarge,
         ModelLoading,
         ModelLoadFailed,

@@ -25,6 +25,7 @@ __all__ = [
     "bundle_config_hash",
     "bundle_config_hashes_hash",
     "bundle_document",
+    "bundle_pool_config_hashes",
     "bundles_hash",
     "canonical_json",
     "canonicalize_adapter_options",
@@ -95,6 +96,33 @@ def bundles_hash(bundles: Iterable[Bundle]) -> str:
     return _sha(items) if items else ""
 
 
-def bundle_config_hashes_hash(hashes: Mapping[str, str]) -> str:
-    """Fingerprint of a ``{bundle_id: bundle_config_hash}`` map (architecture §4.1)."""
-    return _sha(dict(hashes)) if hashes else ""
+def bundle_pool_config_hashes(
+    configs: Iterable[ModelConfig], bundles: Iterable[Bundle]
+) -> dict[str, dict[str, str]]:
+    """``{bundle_id: {pool: bundle_config_hash scoped to pool}}`` (architecture §7, §8.3).
+
+    Pools are the effective pools of ``configs`` plus ``default``; a worker in
+    pool ``p`` serving bundle ``b`` advertises ``out[b][p]``.
+    """
+    configs = list(configs)
+    pools = sorted({c.effective_pool for c in configs} | {"default"})
+    return {b.name: {p: bundle_config_hash(configs, b, p) for p in pools} for b in bundles}
+
+
+def bundle_config_hashes_hash(configs: Iterable[ModelConfig], bundles: Iterable[Bundle]) -> str:
+    """Fingerprint of per-bundle config hashes plus model pool ownership (architecture §4.2).
+
+    SHA-256 hex over ``{"bundles": {bundle: hash}, "pools": {bundle: {pool: hash}},
+    "model_pools": {sie_id: pool}}``; ``""`` when there are no bundles (the
+    "registry unavailable" sentinel the poller skips).
+    """
+    configs, bundles = list(configs), list(bundles)
+    if not bundles:
+        return ""
+    return _sha(
+        {
+            "bundles": {b.name: bundle_config_hash(configs, b) for b in bundles},
+            "pools": bundle_pool_config_hashes(configs, bundles),
+            "model_pools": {c.sie_id: c.effective_pool for c in configs},
+        }
+    )

@@ -14,11 +14,23 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from sie.core.config import DEFAULT_PROFILE, Bundle, ModelConfig, ResolvedProfile
 from sie.core.errors import ModelNotFound, UnroutableModel
+from sie.core.hashing import (
+    bundle_config_hash,
+    bundle_config_hashes_hash,
+    bundle_pool_config_hashes,
+    bundles_hash,
+)
+from sie.core.merge import MergeResult, document_of, merge_model_write
 
-__all__ = ["ModelEntry", "ModelRegistry", "RegistrySnapshot"]
+__all__ = ["SOURCE_API", "SOURCE_FILESYSTEM", "ModelEntry", "ModelRegistry", "RegistrySnapshot"]
+
+#: Where a model config came from (reference §5.2 ``source``).
+SOURCE_API = "api"
+SOURCE_FILESYSTEM = "filesystem"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +66,52 @@ class RegistrySnapshot:
     bundles: Mapping[str, Bundle] = field(default_factory=lambda: MappingProxyType({}))
     configs: Mapping[str, ModelConfig] = field(default_factory=lambda: MappingProxyType({}))
     entries: Mapping[str, ModelEntry] = field(default_factory=lambda: MappingProxyType({}))
+    sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: per-snapshot memo of fingerprints (architecture §5: O(1) per-request hash lookup)
+    _cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def bundles_for_module(self, module: str) -> tuple[str, ...]:
         """Bundle names listing ``module``, lowest priority first."""
         hits = [b for b in self.bundles.values() if module in b.adapters]
         hits.sort(key=lambda b: (b.priority, b.name))
         return tuple(b.name for b in hits)
+
+    def bundles_of_model(self, sie_id: str) -> list[str]:
+        """Every bundle serving some profile of ``sie_id``, lowest priority first."""
+        cfg = self.configs.get(sie_id)
+        if cfg is None:
+            return []
+        names = {
+            b
+            for p in cfg.profiles
+            for b in self.bundles_for_module(cfg.resolve_profile(p).adapter_module)
+        }
+        return sorted(names, key=lambda n: (self.bundles[n].priority, n))
+
+    def bundle_config_hash(self, bundle_id: str, pool: str | None = None) -> str:
+        """§7 hash of ``bundle_id`` (scoped to ``pool`` when given); ``""`` if unknown."""
+        key = ("bch", bundle_id, pool)
+        if key not in self._cache:
+            b = self.bundles.get(bundle_id)
+            self._cache[key] = bundle_config_hash(self.configs.values(), b, pool) if b else ""
+        return str(self._cache[key])
+
+    def bundles_hash(self) -> str:
+        if "bh" not in self._cache:
+            self._cache["bh"] = bundles_hash(self.bundles.values())
+        return str(self._cache["bh"])
+
+    def bundle_config_hashes_hash(self) -> str:
+        if "bchh" not in self._cache:
+            self._cache["bchh"] = bundle_config_hashes_hash(
+                self.configs.values(), self.bundles.values()
+            )
+        return str(self._cache["bchh"])
+
+    def bundle_pool_config_hashes(self, bundle_ids: Iterable[str]) -> dict[str, dict[str, str]]:
+        """``{bundle: {pool: hash}}`` for the named bundles (ConfigNotification, §8.3)."""
+        bundles = [self.bundles[b] for b in bundle_ids if b in self.bundles]
+        return bundle_pool_config_hashes(self.configs.values(), bundles)
 
 
 def _entries_for(
@@ -78,7 +130,11 @@ def _entries_for(
 
 
 class ModelRegistry:
-    """Thread-safe holder of the current ``RegistrySnapshot``."""
+    """Thread-safe holder of the current ``RegistrySnapshot``.
+
+    Reads are lock-free (``snapshot``); writes serialise on one lock across
+    load → mutate → swap, so two writers never drop each other's change (§5).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -89,7 +145,12 @@ class ModelRegistry:
         """The current snapshot; lock-free, never torn."""
         return self._snapshot
 
-    def _rebuild(self, bundles: Mapping[str, Bundle], configs: Mapping[str, ModelConfig]) -> None:
+    def _rebuild(
+        self,
+        bundles: Mapping[str, Bundle],
+        configs: Mapping[str, ModelConfig],
+        sources: Mapping[str, str],
+    ) -> None:
         entries: dict[str, ModelEntry] = {}
         for cfg in configs.values():
             entries.update(_entries_for(bundles, cfg))
@@ -97,47 +158,91 @@ class ModelRegistry:
             bundles=MappingProxyType(dict(bundles)),
             configs=MappingProxyType(dict(configs)),
             entries=MappingProxyType(entries),
+            sources=MappingProxyType({k: sources.get(k, SOURCE_API) for k in configs}),
         )
 
     def install_bundles(self, bundles: Iterable[Bundle]) -> None:
         """Atomically replace the bundle set and recompute every model's bundles."""
         with self._lock:
-            self._rebuild({b.name: b for b in bundles}, self._snapshot.configs)
+            snap = self._snapshot
+            self._rebuild({b.name: b for b in bundles}, snap.configs, snap.sources)
 
-    def validate_model_config(self, config: ModelConfig) -> dict[str, tuple[str, ...]]:
-        """Pure check: the routable bundles of each profile of ``config``.
+    def validate_model_config(
+        self, config: ModelConfig, profiles: Iterable[str] | None = None
+    ) -> dict[str, tuple[str, ...]]:
+        """Pure check (architecture §3 step 3.1): the routable bundles of each profile.
+
+        Every profile in ``profiles`` (default: all) that names its own
+        ``adapter_path`` must use an adapter module some bundle lists, and the
+        model as a whole must resolve to at least one bundle. Extends-only
+        profiles inherit their parent's routing.
 
         Returns:
-            ``{profile_name: bundles}`` for profiles that at least one bundle serves.
+            ``{profile_name: bundles}`` for the routable profiles.
 
         Raises:
-            UnroutableModel: no profile of the model resolves to any bundle (422).
+            UnroutableModel: 422, naming the adapter modules no bundle lists.
         """
-        entries = _entries_for(self._snapshot.bundles, config)
-        if not entries:
-            modules = sorted({config.resolve_profile(p).adapter_module for p in config.profiles})
+        snap = self._snapshot
+        names = list(config.profiles) if profiles is None else list(profiles)
+        missing = sorted(
+            {
+                config.resolve_profile(p).adapter_module
+                for p in names
+                if config.profiles[p].adapter_path is not None
+                and not snap.bundles_for_module(config.resolve_profile(p).adapter_module)
+            }
+        )
+        entries = _entries_for(snap.bundles, config)
+        if missing or not entries:
+            modules = missing or sorted(
+                {config.resolve_profile(p).adapter_module for p in config.profiles}
+            )
             raise UnroutableModel(
-                f"model {config.sie_id!r}: no bundle lists adapter module(s) {modules}",
+                f"model {config.sie_id!r}: adapter module(s) {modules} not in any known bundle "
+                f"(bundles: {sorted(snap.bundles)})",
                 model=config.sie_id,
                 adapter_modules=modules,
             )
         return {e.profile.name: e.bundles for e in entries.values()}
 
-    def add_model_config(self, config: ModelConfig) -> dict[str, tuple[str, ...]]:
-        """Insert or replace a model config (validated, then swapped in atomically).
-
-        Returns:
-            ``{profile_name: bundles}`` (see ``validate_model_config``).
+    def plan_write(self, incoming: dict[str, Any]) -> MergeResult:
+        """Merge a write into the current config and validate it; mutates nothing.
 
         Raises:
-            UnroutableModel: as ``validate_model_config``.
+            ValidationFailed, ContentConflict: see ``merge_model_write``.
+            UnroutableModel: a created profile (or the new model) has no bundle.
+        """
+        existing = self._snapshot.configs.get(str(incoming.get("sie_id")))
+        result = merge_model_write(existing, incoming)
+        if result.created:
+            self.validate_model_config(result.config, result.created)
+        return result
+
+    def add_model_config(self, config: ModelConfig, source: str = SOURCE_API) -> MergeResult:
+        """Append ``config`` to the registry under the §3 merge rules, atomically.
+
+        A full document whose profiles all exist unchanged is a no-op.
+
+        Raises:
+            ValidationFailed, ContentConflict, UnroutableModel: see ``plan_write``.
         """
         with self._lock:
-            routable = self.validate_model_config(config)
-            configs = dict(self._snapshot.configs)
-            configs[config.sie_id] = config
-            self._rebuild(self._snapshot.bundles, configs)
-            return routable
+            result = self.plan_write(document_of(config))
+            if result.created or config.sie_id not in self._snapshot.configs:
+                snap = self._snapshot
+                configs = {**snap.configs, config.sie_id: result.config}
+                sources = {**snap.sources}
+                sources.setdefault(config.sie_id, source)
+                self._rebuild(snap.bundles, configs, sources)
+            return result
+
+    def replace_models(self, models: Iterable[tuple[ModelConfig, str]]) -> None:
+        """Atomically replace the whole model set (authoritative export, §4.1 step 3)."""
+        with self._lock:
+            configs = {c.sie_id: c for c, _ in models}
+            sources = {c.sie_id: src for c, src in models}
+            self._rebuild(self._snapshot.bundles, configs, sources)
 
     def resolve(self, model_id: str, bundle: str | None = None) -> tuple[ModelEntry, str]:
         """Map a public model id (optionally pinned to a bundle) to its entry and bundle.

@@ -24,10 +24,12 @@ from typing import Any, TypeVar
 import msgpack
 import numpy as np
 import ormsgpack
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from sie.core.errors import WireError
 
 __all__ = [
+    "ConfigNotification",
     "Heartbeat",
     "WorkItem",
     "WorkResult",
@@ -289,3 +291,46 @@ class Heartbeat(_Message):
     bundle_config_hash: str = ""
     timestamp: float = field(default_factory=time.time)
     interval_s: float = 1.0
+
+
+class ConfigNotification(BaseModel):
+    """A config delta on ``sie.config.models.{bundle}`` and ``sie.config.models._all``.
+
+    JSON (architecture §8.3, §8.4). ``router_id`` is the producer's id (also read
+    from the alias ``producer_id``); ``model_config`` is the full merged model YAML,
+    or blank for a pure epoch bump (§4.3). Unknown fields are ignored so newer
+    producers stay readable.
+    """
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+
+    router_id: str = Field(validation_alias=AliasChoices("router_id", "producer_id"))
+    bundle_id: str
+    epoch: int = Field(ge=0)
+    bundle_config_hash: str = ""
+    bundle_pool_config_hashes: dict[str, dict[str, str]] = Field(default_factory=dict)
+    model_id: str = ""
+    pool: str = "default"
+    profiles_added: list[str] = Field(default_factory=list)
+    model_config_yaml: str = Field(
+        default="",
+        validation_alias=AliasChoices("model_config"),
+        serialization_alias="model_config",
+    )
+    affected_bundles: list[str] = Field(default_factory=list)
+
+    def to_bytes(self) -> bytes:
+        """Compact UTF-8 JSON with the wire key names."""
+        return self.model_dump_json(by_alias=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ConfigNotification:
+        """Parse one notification.
+
+        Raises:
+            WireError: not JSON, or a field of the wrong type.
+        """
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as exc:
+            raise WireError(f"ConfigNotification: {exc.errors()[0]['msg']}") from exc

@@ -1,68 +1,184 @@
-"""The config role's HTTP app (architecture §14, sie-config), read side only for now.
+"""The config role's HTTP app (architecture §3, §5, §14 "sie-config"; reference §5.2).
 
-Routes: GET /v1/configs/models, /v1/configs/models/{id} (YAML),
-/v1/configs/bundles, /v1/configs/bundles/{id} (YAML), /v1/configs/epoch,
-/healthz, /readyz.
+Routes: ``POST /v1/configs/models`` (YAML body, admin), ``GET /v1/configs/models``,
+``GET /v1/configs/models/{id}`` (YAML), ``GET /v1/configs/bundles``,
+``GET /v1/configs/bundles/{id}`` (YAML), ``POST /v1/configs/resolve``,
+``GET /v1/configs/export`` (admin), ``GET /v1/configs/epoch``, ``/healthz``,
+``/readyz``, ``/metrics``.
+
+Errors: ``{"detail": {"code": "CONTENT_CONFLICT", "error": "content_conflict",
+"message": ..., ...}}`` (``error`` is the sie-config slug), with ``X-SIE-Error-Code``
+and ``Retry-After`` where retryable.
 """
 
 from __future__ import annotations
 
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import Scope
 
-from sie.http.errors import EXCEPTION_HANDLERS, CatchAll
+from sie.control import catalog
+from sie.control.authority import MAX_CONFIG_BODY_BYTES
+from sie.core.errors import PayloadTooLarge, SieError, WireError
+from sie.http.auth import AuthMiddleware, AuthPolicy, config_decision
+from sie.http.errors import CatchAll, error_headers
+from sie.http.negotiation import read_payload
 from sie.roles.config import ConfigRole
+from sie.telemetry import Metrics
 
-__all__ = ["build_config_app"]
+__all__ = ["build_config_app", "config_error_response"]
 
 YAML = "application/yaml"
 
 
-async def list_models(request: Request) -> Response:
+def config_error_response(exc: SieError) -> JSONResponse:
+    detail = {"code": exc.code, "error": exc.code.lower(), **exc.to_detail()}
+    return JSONResponse({"detail": detail}, status_code=exc.status, headers=error_headers(exc))
+
+
+async def _sie_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, SieError)
+    return config_error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(
+        exc.status_code, f"HTTP_{exc.status_code}"
+    )
+    detail = {
+        "code": code,
+        "error": code.lower(),
+        "message": f"{exc.detail}: {request.method} {request.url.path}",
+    }
+    return JSONResponse(
+        {"detail": detail},
+        status_code=exc.status_code,
+        headers={**(exc.headers or {}), "X-SIE-Error-Code": code},
+    )
+
+
+def _role(request: Request) -> ConfigRole:
     role: ConfigRole = request.app.state.role
-    return JSONResponse({"models": role.model_ids()})
+    return role
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refusing more than ``limit`` bytes before buffering them (413)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(
+            f"body: {declared} bytes exceeds the {limit} byte limit", field="body"
+        )
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"body: exceeds the {limit} byte limit", field="body")
+            chunks.append(chunk)
+    except ClientDisconnect as exc:
+        raise WireError(
+            "body: the client disconnected before sending it all", field="body"
+        ) from exc
+    return b"".join(chunks)
+
+
+async def add_model(request: Request) -> Response:
+    role = _role(request)
+    body = await read_body(request, MAX_CONFIG_BODY_BYTES)
+    status, reply = await role.authority.write(body, request.headers.get("idempotency-key"))
+    return JSONResponse(reply, status_code=status)
+
+
+async def list_models(request: Request) -> Response:
+    snap = _role(request).authority.require_registry().snapshot
+    return JSONResponse(catalog.list_models(snap))
 
 
 async def get_model(request: Request) -> Response:
-    role: ConfigRole = request.app.state.role
-    return PlainTextResponse(role.model_yaml(request.path_params["model"]), media_type=YAML)
+    snap = _role(request).authority.require_registry().snapshot
+    return PlainTextResponse(
+        catalog.model_yaml(snap, request.path_params["model"]), media_type=YAML
+    )
 
 
 async def list_bundles(request: Request) -> Response:
-    role: ConfigRole = request.app.state.role
-    return JSONResponse({"bundles": sorted(role.registry.snapshot.bundles)})
+    snap = _role(request).authority.require_registry().snapshot
+    return JSONResponse(catalog.list_bundles(snap))
 
 
 async def get_bundle(request: Request) -> Response:
-    role: ConfigRole = request.app.state.role
-    return PlainTextResponse(role.bundle_yaml(request.path_params["bundle"]), media_type=YAML)
+    snap = _role(request).authority.require_registry().snapshot
+    return PlainTextResponse(
+        catalog.bundle_yaml(snap, request.path_params["bundle"]), media_type=YAML
+    )
+
+
+async def resolve(request: Request) -> Response:
+    snap = _role(request).authority.require_registry().snapshot
+    return JSONResponse(catalog.resolve(snap, await read_payload(request, MAX_CONFIG_BODY_BYTES)))
+
+
+async def export(request: Request) -> Response:
+    return JSONResponse(await _role(request).authority.export())
 
 
 async def epoch(request: Request) -> Response:
-    role: ConfigRole = request.app.state.role
-    return JSONResponse(role.epoch_info())
+    return JSONResponse(_role(request).authority.epoch_info())
 
 
-async def ok(request: Request) -> Response:
-    return PlainTextResponse("ok")
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
 
 
-def build_config_app(role: ConfigRole) -> Starlette:
+async def readyz(request: Request) -> Response:
+    _role(request).authority.require_registry()
+    return JSONResponse({"status": "ready"})
+
+
+async def metrics(request: Request) -> Response:
+    m: Metrics = request.app.state.metrics
+    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _refuse(scope: Scope, err: SieError) -> Response:
+    return config_error_response(err)
+
+
+def build_config_app(
+    role: ConfigRole, metrics_: Metrics, policy: AuthPolicy | None = None
+) -> Starlette:
     app = Starlette(
         routes=[
             Route("/v1/configs/models", list_models, methods=["GET"]),
+            Route("/v1/configs/models", add_model, methods=["POST"]),
             Route("/v1/configs/models/{model:path}", get_model, methods=["GET"]),
             Route("/v1/configs/bundles", list_bundles, methods=["GET"]),
             Route("/v1/configs/bundles/{bundle}", get_bundle, methods=["GET"]),
+            Route("/v1/configs/resolve", resolve, methods=["POST"]),
+            Route("/v1/configs/export", export, methods=["GET"]),
             Route("/v1/configs/epoch", epoch, methods=["GET"]),
-            Route("/healthz", ok, methods=["GET"]),
-            Route("/readyz", ok, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
         ],
-        exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[Middleware(CatchAll)],
+        exception_handlers={SieError: _sie_error, HTTPException: _http_error},
+        middleware=[
+            Middleware(CatchAll),
+            Middleware(
+                AuthMiddleware,
+                policy=policy or AuthPolicy(),
+                decide=config_decision,
+                respond=_refuse,
+            ),
+        ],
     )
     app.state.role = role
+    app.state.metrics = metrics_
     return app

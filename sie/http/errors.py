@@ -27,6 +27,7 @@ __all__ = [
     "http_exception_handler",
     "openai_error",
     "sie_error_handler",
+    "sie_error_response",
 ]
 
 log = logging.getLogger(__name__)

@@ -25,10 +25,12 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sie import __version__
+from sie.control import catalog
 from sie.core.errors import InvalidInput, SieError
 from sie.core.registry import ModelEntry
 from sie.core.templates import check_template
-from sie.http.errors import EXCEPTION_HANDLERS, CatchAll
+from sie.http.auth import AuthMiddleware, AuthPolicy, gateway_decision
+from sie.http.errors import EXCEPTION_HANDLERS, CatchAll, openai_error, sie_error_response
 from sie.http.negotiation import read_payload, render, validate
 from sie.http.openai import embeddings
 from sie.http.schemas import EncodeParams, EncodeRequest
@@ -263,10 +265,69 @@ async def metrics_endpoint(request: Request) -> Response:
     )
 
 
-def build_gateway_app(gateway: GatewayRole, metrics: Metrics = METRICS) -> Starlette:
-    """The gateway Starlette app. ``app.state.draining`` flips ``/readyz`` to 503."""
+YAML = "application/yaml"
+
+
+def _gw(request: Request) -> GatewayRole:
+    gateway: GatewayRole = request.app.state.gateway
+    return gateway
+
+
+async def config_models(request: Request) -> Response:
+    return JSONResponse(catalog.list_models(_gw(request).registry.snapshot))
+
+
+async def config_model(request: Request) -> Response:
+    """Model YAML, or worker-ack status for ``{id}/status`` when ``{id}`` is a known
+    model; otherwise the whole path is read as a model id (architecture §5)."""
+    gateway = _gw(request)
+    path: str = request.path_params["model"]
+    snap = gateway.registry.snapshot
+    if path.endswith("/status") and path[: -len("/status")] in snap.configs:
+        return JSONResponse(gateway.model_status(path[: -len("/status")]))
+    return PlainTextResponse(catalog.model_yaml(snap, path), media_type=YAML)
+
+
+async def config_bundles(request: Request) -> Response:
+    gateway = _gw(request)
+    return JSONResponse(
+        catalog.list_bundles(gateway.registry.snapshot, gateway.connected_workers())
+    )
+
+
+async def config_bundle(request: Request) -> Response:
+    snap = _gw(request).registry.snapshot
+    return PlainTextResponse(
+        catalog.bundle_yaml(snap, request.path_params["bundle"]), media_type=YAML
+    )
+
+
+async def config_resolve(request: Request) -> Response:
+    body = await read_payload(request, 1024 * 1024)
+    return JSONResponse(catalog.resolve(_gw(request).registry.snapshot, body))
+
+
+def _refuse(scope: Scope, err: SieError) -> Response:
+    if str(scope.get("path", "")).startswith("/v1/embeddings"):
+        return openai_error(err)
+    return sie_error_response(err)
+
+
+def build_gateway_app(
+    gateway: GatewayRole, metrics: Metrics = METRICS, policy: AuthPolicy | None = None
+) -> Starlette:
+    """The gateway Starlette app. ``app.state.draining`` flips ``/readyz`` to 503.
+
+    Config routes are read-only (architecture §5, §12): ``POST /v1/configs/models``
+    is 405; ``/v1/configs/export`` and ``/v1/configs/epoch`` are not served (404).
+    """
     app = Starlette(
         routes=[
+            Route("/v1/configs/models", config_models, methods=["GET"]),
+            Route("/v1/configs/models/{model:path}", config_model, methods=["GET"]),
+            Route("/v1/configs/bundles", config_bundles, methods=["GET"]),
+            Route("/v1/configs/bundles/{bundle}", config_bundle, methods=["GET"]),
+            Route("/v1/configs/resolve", config_resolve, methods=["POST"]),
             Route("/v1/encode/{model:path}", encode, methods=["POST"]),
             Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
@@ -277,7 +338,15 @@ def build_gateway_app(gateway: GatewayRole, metrics: Metrics = METRICS) -> Starl
             Route("/metrics", metrics_endpoint, methods=["GET"]),
         ],
         exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[Middleware(CatchAll)],
+        middleware=[
+            Middleware(CatchAll),
+            Middleware(
+                AuthMiddleware,
+                policy=policy or AuthPolicy(),
+                decide=gateway_decision,
+                respond=_refuse,
+            ),
+        ],
     )
     app.state.gateway = gateway
     app.state.metrics = metrics

@@ -1,58 +1,113 @@
-"""The config role: the single writer of model configs (architecture §3).
+"""The config role: the single writer of model configs (architecture §3, §9, §11).
 
-This build serves the read side only (bundles, models, epoch) from the seed the
-container loaded; the write path, store and deltas are the next issue's.
+Startup (reference §5.1): load the registry from ``--bundles-dir`` and
+``--models-dir`` (a failure leaves the registry unset and the role running, so
+``/v1/configs/epoch`` still answers and ``/readyz`` says 503
+``REGISTRY_UNAVAILABLE``, §11 caveat 8) → open the ConfigStore and read its epoch
+(a store that cannot be read fails startup: carrying on at epoch 0 would move the
+epoch backwards) → with ``SIE_CONFIG_RESTORE=true`` replay stored models into the
+registry. The bus is the delta publisher.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import logging
 
 import anyio
 import anyio.abc
 
-from sie.core.config import dump_yaml
-from sie.core.errors import BundleNotFound, ModelNotFound
-from sie.core.hashing import bundle_config_hash, bundle_config_hashes_hash, bundles_hash
-from sie.core.registry import ModelRegistry
+from sie.control.authority import ConfigAuthority, Publisher
+from sie.control.seed import load_bundles, load_models
+from sie.control.store import ConfigStore
+from sie.core.config import parse_model_config
+from sie.core.epoch import ConfigEpoch
+from sie.core.errors import ContentConflict, SieError
+from sie.core.registry import SOURCE_API, SOURCE_FILESYSTEM, ModelRegistry
+from sie.settings import ServeSettings
+from sie.telemetry import METRICS, Metrics
 
-__all__ = ["ConfigRole"]
+__all__ = ["ConfigRole", "load_authority_registry"]
+
+log = logging.getLogger(__name__)
+
+
+def load_authority_registry(settings: ServeSettings) -> tuple[ModelRegistry | None, str | None]:
+    """``(registry, None)``, or ``(None, reason)`` when the seed cannot be loaded."""
+    registry = ModelRegistry()
+    try:
+        if settings.bundles_dir:
+            registry.install_bundles(load_bundles(settings.bundles_dir))
+        if settings.models_dir:
+            for cfg in load_models(settings.models_dir):
+                try:
+                    registry.add_model_config(cfg, SOURCE_FILESYSTEM)
+                except SieError as exc:
+                    log.warning("seed model %s is not routable: %s", cfg.sie_id, exc.message)
+    except SieError as exc:
+        log.error("config registry failed to load: %s", exc.message)
+        return None, exc.message
+    return registry, None
+
+
+def restore(registry: ModelRegistry, store: ConfigStore) -> int:
+    """Replay stored models into ``registry`` (stored documents win conflicts)."""
+    n = 0
+    for model_id, text in store.load_all():
+        try:
+            cfg = parse_model_config(text.encode(), what=f"stored model {model_id!r}")
+        except SieError as exc:
+            log.error("skipping unreadable stored model %s: %s", model_id, exc.message)
+            continue
+        try:
+            registry.add_model_config(cfg, SOURCE_API)
+        except ContentConflict:
+            log.warning("stored %s differs from the seed: the stored document wins", model_id)
+            snap = registry.snapshot
+            rows = [(c, snap.sources.get(k, SOURCE_API)) for k, c in snap.configs.items()]
+            registry.replace_models(
+                [*(r for r in rows if r[0].sie_id != model_id), (cfg, SOURCE_API)]
+            )
+        except SieError as exc:
+            log.error("stored model %s no longer applies: %s", model_id, exc.message)
+            continue
+        n += 1
+    return n
 
 
 class ConfigRole:
-    def __init__(self, registry: ModelRegistry) -> None:
-        self.registry = registry
-        self.epoch = 0
+    """Holds the ``ConfigAuthority``. Start ``run`` in a task group."""
+
+    def __init__(
+        self,
+        settings: ServeSettings,
+        publisher: Publisher | None,
+        metrics: Metrics = METRICS,
+    ) -> None:
+        self.settings = settings
+        registry, error = load_authority_registry(settings)
+        store = ConfigStore(settings.config_store_dir) if settings.config_store_dir else None
+        epoch = ConfigEpoch(store.read_epoch() if store is not None else 0)
+        if store is not None and settings.config_restore and registry is not None:
+            n = restore(registry, store)
+            log.info("restored %d model config(s) from %s (epoch %d)", n, store.url, epoch.get())
+        self.metrics = metrics
+        self.authority = ConfigAuthority(
+            registry,
+            store=store,
+            publisher=publisher,
+            producer_id=settings.config_producer_id,
+            epoch=epoch,
+            registry_error=error,
+            on_publish=lambda result: metrics.config_publishes.labels(result).inc(),
+        )
+        metrics.config_epoch.labels("config").set(epoch.get())
+
+    @property
+    def registry(self) -> ModelRegistry | None:
+        return self.authority.registry
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         task_status.started()
         await anyio.sleep_forever()
-
-    def model_ids(self) -> list[str]:
-        return sorted(self.registry.snapshot.configs)
-
-    def model_yaml(self, model_id: str) -> str:
-        cfg = self.registry.snapshot.configs.get(model_id)
-        if cfg is None:
-            raise ModelNotFound(f"model {model_id!r} not found", model=model_id)
-        return dump_yaml(cfg.model_dump(mode="json", exclude_unset=True))
-
-    def bundle_yaml(self, bundle_id: str) -> str:
-        b = self.registry.snapshot.bundles.get(bundle_id)
-        if b is None:
-            raise BundleNotFound(f"bundle {bundle_id!r} not found", bundle=bundle_id)
-        return dump_yaml(b.model_dump(mode="json", exclude_none=True))
-
-    def epoch_info(self) -> dict[str, Any]:
-        """``{epoch, bundles_hash, bundle_config_hashes_hash}`` (architecture §4.1)."""
-        snap = self.registry.snapshot
-        hashes = {
-            name: bundle_config_hash(snap.configs.values(), b) for name, b in snap.bundles.items()
-        }
-        return {
-            "epoch": self.epoch,
-            "bundles_hash": bundles_hash(snap.bundles.values()),
-            "bundle_config_hashes_hash": bundle_config_hashes_hash(hashes),
-        }

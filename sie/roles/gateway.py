@@ -20,7 +20,10 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from sie.control.ack_status import WorkerAck, worker_ack_status
+from sie.control.sync import ConfigSync
 from sie.core.config import POOL_RE
+from sie.core.epoch import ConfigEpoch
 from sie.core.errors import (
     Backpressure,
     GatewayTimeout,
@@ -35,12 +38,14 @@ from sie.core.registry import ModelEntry, ModelRegistry
 from sie.core.subjects import (
     HEALTH_WILDCARD,
     cancel_subject,
+    config_subject,
     inbox_subject,
     inbox_wildcard,
     work_subject,
 )
 from sie.core.wire import Heartbeat, WorkItem, WorkResult
 from sie.settings import ServeSettings
+from sie.telemetry import METRICS, Metrics
 from sie.transport.base import Bus, NoStreamError, StreamFullError, work_stream_config
 
 __all__ = ["Collected", "GatewayRole", "uuid7"]
@@ -113,7 +118,15 @@ class WorkerView:
 class GatewayRole:
     """Routing, dispatch and result collection. Start ``run`` in a task group."""
 
-    def __init__(self, bus: Bus, registry: ModelRegistry, settings: ServeSettings) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        registry: ModelRegistry,
+        settings: ServeSettings,
+        *,
+        config_service_url: str | None = None,
+        metrics: Metrics = METRICS,
+    ) -> None:
         self.bus = bus
         self.registry = registry
         self.settings = settings
@@ -123,21 +136,69 @@ class GatewayRole:
         self.workers: dict[str, WorkerView] = {}
         self.started_at = time.time()
         self._started_mono = time.monotonic()
+        self.epoch = ConfigEpoch()
+        self.sync = ConfigSync(
+            registry,
+            self.epoch,
+            base_url=config_service_url or settings.config_service_url,
+            admin_token=settings.admin(),
+            poll_interval_s=settings.config_poll_interval_s,
+            trusted_producers=settings.config_trusted_producers,
+            trust_any_producer=settings.config_trust_any_producer,
+            metrics=metrics,
+            role="gateway",
+        )
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
+        """Subscribe (inbox, health, config deltas on ``sie.config.models._all``), start
+        config sync (never blocking startup, §4), then collect results until cancelled."""
         inbox = await self.bus.subscribe(inbox_wildcard(self.router_id))
         health = await self.bus.subscribe(HEALTH_WILDCARD)
+        deltas = await self.bus.subscribe(config_subject("_all"))
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._read_health, health)
+                tg.start_soon(self._read_deltas, deltas)
+                await tg.start(self.sync.run)
                 task_status.started()
                 await self._read_inbox(inbox)
         finally:
             with anyio.CancelScope(shield=True):
                 await inbox.unsubscribe()
                 await health.unsubscribe()
+                await deltas.unsubscribe()
+
+    async def _read_deltas(self, sub: Any) -> None:
+        async for msg in sub:
+            self.sync.handle_delta(msg.data)
+
+    def model_status(self, model_id: str) -> dict[str, Any]:
+        """Worker-ack status of ``model_id`` as this gateway sees it (architecture §6).
+
+        Raises:
+            ModelNotFound: unknown base model id.
+        """
+        live = {hb.worker_id for hb in self.live_workers()}
+        acks = [
+            WorkerAck(
+                worker_id=w.heartbeat.worker_id,
+                bundle=w.heartbeat.bundle,
+                pool=w.heartbeat.pool,
+                bundle_config_hash=w.heartbeat.bundle_config_hash,
+                healthy=w.heartbeat.worker_id in live and w.heartbeat.ready,
+            )
+            for w in self.workers.values()
+        ]
+        return worker_ack_status(self.registry.snapshot, model_id, acks, self.epoch.get())
+
+    def connected_workers(self) -> dict[str, int]:
+        """Live workers per bundle."""
+        out: dict[str, int] = {}
+        for hb in self.live_workers():
+            out[hb.bundle] = out.get(hb.bundle, 0) + 1
+        return out
 
     async def _read_inbox(self, sub: Any) -> None:
         async for msg in sub:

@@ -23,10 +23,17 @@ import anyio
 import anyio.abc
 import numpy as np
 
+from sie.control.sync import ConfigSync
+from sie.core.epoch import ConfigEpoch
 from sie.core.errors import InvalidInput, ModelNotFound, SieError
-from sie.core.hashing import bundle_config_hash
 from sie.core.registry import ModelEntry, ModelRegistry
-from sie.core.subjects import CANCEL_WILDCARD, health_subject, lane_filter, stream_name
+from sie.core.subjects import (
+    CANCEL_WILDCARD,
+    config_subject,
+    health_subject,
+    lane_filter,
+    stream_name,
+)
 from sie.core.wire import Heartbeat, WorkItem, WorkResult, packb, salvage_reply
 from sie.engines.base import EncodeEngine
 from sie.engines.cache import ModelCache
@@ -90,7 +97,13 @@ class WorkerRole:
     """Consumes one lane and serves every model of its bundle."""
 
     def __init__(
-        self, bus: Bus, registry: ModelRegistry, settings: ServeSettings, metrics: Metrics = METRICS
+        self,
+        bus: Bus,
+        registry: ModelRegistry,
+        settings: ServeSettings,
+        metrics: Metrics = METRICS,
+        *,
+        config_service_url: str | None = None,
     ) -> None:
         self.bus = bus
         self.registry = registry
@@ -109,6 +122,21 @@ class WorkerRole:
             on_change=lambda: self._status_changed.set(),
         )
         self._inflight = anyio.Semaphore(settings.max_inflight_items)
+        # config convergence (architecture §6, §7): deltas on sie.config.models.{bundle},
+        # plus the export reconciler when a config service URL is known
+        self.epoch = ConfigEpoch()
+        self.sync = ConfigSync(
+            registry,
+            self.epoch,
+            base_url=config_service_url or settings.config_service_url,
+            admin_token=settings.admin(),
+            poll_interval_s=settings.config_poll_interval_s,
+            trusted_producers=settings.config_trusted_producers,
+            trust_any_producer=settings.config_trust_any_producer,
+            on_change=lambda: self._status_changed.set(),
+            metrics=metrics,
+            role="worker",
+        )
         # request ids abandoned by their gateway (bounded, oldest first) and live work per request
         self._cancelled: OrderedDict[str, None] = OrderedDict()
         self._active: dict[str, set[anyio.CancelScope]] = {}
@@ -140,10 +168,13 @@ class WorkerRole:
         )
         preload = [self.registry.resolve(m)[0] for m in s.preload]  # unknown id: fail at start
         cancels = await self.bus.subscribe(CANCEL_WILDCARD)
+        deltas = await self.bus.subscribe(config_subject(s.bundle))
         async with anyio.create_task_group() as tg:
             await tg.start(self.models.run)
             tg.start_soon(self._heartbeats)
             tg.start_soon(self._read_cancels, cancels)
+            tg.start_soon(self._read_deltas, deltas)
+            await tg.start(self.sync.run)
             task_status.started()
             for entry in preload:
                 try:
@@ -153,6 +184,10 @@ class WorkerRole:
             self.ready = True
             self._status_changed.set()
             await self._pull_loop(consumer, tg)
+
+    async def _read_deltas(self, sub: Any) -> None:
+        async for msg in sub:
+            self.sync.handle_delta(msg.data)
 
     async def _read_cancels(self, sub: Any) -> None:
         """``work_cancel.{router_id}.{request_id}``: tombstone the request, stop its items."""
@@ -346,7 +381,6 @@ class WorkerRole:
     def heartbeat(self) -> Heartbeat:
         s = self.settings
         snap = self.registry.snapshot
-        bundle = snap.bundles.get(s.bundle)
         return Heartbeat(
             worker_id=self.worker_id,
             pool=s.pool,
@@ -354,7 +388,8 @@ class WorkerRole:
             bundle=s.bundle,
             ready=self.ready,
             models=self.models.statuses(),
-            bundle_config_hash=bundle_config_hash(snap.configs.values(), bundle) if bundle else "",
+            # pool-scoped, the same projection the gateway expects (architecture §7)
+            bundle_config_hash=snap.bundle_config_hash(s.bundle, s.pool),
             interval_s=s.heartbeat_interval_s,
         )
 

@@ -179,6 +179,11 @@ class Bus(Protocol):
 
     async def __aexit__(self, *exc: object) -> None: ...
 
+    @property
+    def is_connected(self) -> bool:
+        """Whether publishes can currently reach the broker (architecture §3 step 3.6)."""
+        ...
+
     async def publish(
         self, subject: str, data: bytes, headers: Mapping[str, str] | None = None
     ) -> None:

@@ -275,6 +275,10 @@ class MemoryBus:
         for sub in list(self._subs):
             await sub.unsubscribe()
 
+    @property
+    def is_connected(self) -> bool:
+        return not self._closed
+
     def _check(self) -> None:
         if self._closed:
             raise BusError("bus is closed")

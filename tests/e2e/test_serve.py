@@ -89,7 +89,8 @@ def test_serve_encode_and_graceful_sigterm(server, st_model) -> None:
     got = np.array([it["dense"]["values"] for it in r.json()["items"]], dtype=np.float32)
     np.testing.assert_allclose(got, st_model.encode(texts), atol=1e-5)
     assert httpx.get(f"{base}/readyz").text == "ok"
-    assert httpx.get(f"http://127.0.0.1:{cport}/v1/configs/models").json() == {"models": [MINILM]}
+    models = httpx.get(f"http://127.0.0.1:{cport}/v1/configs/models").json()["models"]
+    assert [m["model_id"] for m in models] == [MINILM]
 
     # a request in flight when SIGTERM arrives still completes; then the process exits 0
     results: list[int] = []

@@ -1,0 +1,308 @@
+"""The config authority: the write path of architecture §3, export and epoch (§4.1, §9).
+
+``ConfigAuthority.write`` runs §3 step by step:
+
+1. (the HTTP layer has checked auth and the 1 MiB body cap)
+2. the delta publisher is configured but disconnected → 503 ``NATS_UNAVAILABLE``;
+   ``Idempotency-Key`` handling (``IdempotencyCache``);
+3. pre-lock validation: YAML parse (400 ``PARSE_ERROR``), ``sie_id`` rules
+   (400 ``INVALID_MODEL_ID``) — before any state is touched;
+4. under one async write lock: merge and validate (``ModelRegistry.plan_write``:
+   422 / 409 / 422 unroutable); a no-op replay returns 200 and skips disk, epoch
+   and publish; otherwise, shielded from cancellation: persist the merged
+   document and the new epoch (a store failure rolls the model file back and
+   leaves registry and epoch untouched: 503 ``STORE_UNAVAILABLE``), mutate the
+   registry, advance the epoch, publish one ``ConfigNotification`` per affected
+   bundle on ``sie.config.models.{bundle}`` and a copy on ``sie.config.models._all``
+   (failures become ``warnings``; the write stays durable).
+
+Unlike the public implementation (reference §9 item 10), the epoch advances on
+every creating write even without a store (in memory), so gateways can always
+detect drift.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any, Protocol
+
+import anyio
+
+from sie.control.idempotency import IdempotencyCache, Reply
+from sie.control.store import ConfigStore, model_file_name
+from sie.core.config import DEFAULT_PROFILE, dump_yaml, load_yaml, validate_model_id
+from sie.core.epoch import ConfigEpoch
+from sie.core.errors import (
+    ParseError,
+    PayloadTooLarge,
+    PublisherUnavailable,
+    RegistryUnavailable,
+    SieError,
+)
+from sie.core.merge import MergeResult, document_of
+from sie.core.registry import SOURCE_API, ModelRegistry
+from sie.core.subjects import config_subject
+from sie.core.wire import ConfigNotification
+
+__all__ = ["ALL_BUNDLES", "MAX_CONFIG_BODY_BYTES", "ConfigAuthority", "Publisher"]
+
+log = logging.getLogger(__name__)
+audit = logging.getLogger("sie.audit")
+
+#: Body cap of ``POST /v1/configs/models`` (architecture §3 / reference §5.4): 1 MiB.
+MAX_CONFIG_BODY_BYTES = 1024 * 1024
+#: The gateways' copy of every delta: ``sie.config.models._all``.
+ALL_BUNDLES = "_all"
+
+
+class Publisher(Protocol):
+    """What the authority needs of the bus (``sie.transport.base.Bus`` satisfies it)."""
+
+    @property
+    def is_connected(self) -> bool: ...
+
+    async def publish(self, subject: str, data: bytes) -> None: ...
+
+
+class ConfigAuthority:
+    """The single writer of model configs.
+
+    Args:
+        registry: the authoritative registry, or None when it failed to load
+            (every registry-dependent call then raises ``RegistryUnavailable``).
+        store: durable store, or None (in-memory only: writes die with the process).
+        publisher: delta publisher, or None (no deltas; gateways converge by polling).
+        producer_id: this process's id on the wire (``router_id`` of each delta).
+        epoch: the current epoch (loaded from the store by the caller).
+        registry_error: why the registry failed to load, for the 503 message.
+    """
+
+    def __init__(
+        self,
+        registry: ModelRegistry | None,
+        *,
+        store: ConfigStore | None = None,
+        publisher: Publisher | None = None,
+        producer_id: str = "standalone",
+        epoch: ConfigEpoch | None = None,
+        registry_error: str | None = None,
+        on_publish: Any = None,
+    ) -> None:
+        self.registry = registry
+        self.store = store
+        self.publisher = publisher
+        self.producer_id = producer_id
+        self.epoch = epoch or ConfigEpoch()
+        self.registry_error = registry_error
+        self.idempotency = IdempotencyCache()
+        self.lock = anyio.Lock()
+        self._on_publish = on_publish  # callable(result: str) for metrics
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def require_registry(self) -> ModelRegistry:
+        """Raises: RegistryUnavailable (503, architecture §11 caveat 8)."""
+        if self.registry is None:
+            raise RegistryUnavailable(
+                f"model registry not loaded: {self.registry_error or 'unknown error'}"
+            )
+        return self.registry
+
+    def epoch_info(self) -> dict[str, Any]:
+        """``{epoch, bundles_hash, bundle_config_hashes_hash}``; works without a registry
+        (hashes ``""``, the poller's "registry unavailable" sentinel, §4.2)."""
+        snap = self.registry.snapshot if self.registry is not None else None
+        return {
+            "epoch": self.epoch.get(),
+            "bundles_hash": snap.bundles_hash() if snap else "",
+            "bundle_config_hashes_hash": snap.bundle_config_hashes_hash() if snap else "",
+        }
+
+    async def export(self) -> dict[str, Any]:
+        """The authoritative snapshot, taken under the write lock so ``(epoch, models)``
+        is a real serialisation point (architecture §3; reference §5.7).
+
+        Raises:
+            RegistryUnavailable.
+        """
+        registry = self.require_registry()
+        async with self.lock:
+            snap = registry.snapshot
+            epoch = self.epoch.get()
+        models = []
+        for model_id in sorted(snap.configs):
+            doc = document_of(snap.configs[model_id])
+            models.append(
+                {
+                    "model_id": model_id,
+                    "model_config": doc,
+                    "raw_yaml": dump_yaml(doc),
+                    "affected_bundles": snap.bundles_of_model(model_id),
+                    "source": snap.sources.get(model_id, SOURCE_API),
+                }
+            )
+        return {
+            "snapshot_version": 1,
+            "epoch": epoch,
+            "generated_at": dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z"),
+            "bundles_hash": snap.bundles_hash(),
+            "bundle_config_hashes_hash": snap.bundle_config_hashes_hash(),
+            "models": models,
+        }
+
+    # -- the write path ------------------------------------------------------------------
+
+    async def write(self, body: bytes, idempotency_key: str | None = None) -> Reply:
+        """``POST /v1/configs/models``: returns ``(status, json)`` — 201 created, 200 no-op.
+
+        Raises:
+            RegistryUnavailable, PublisherUnavailable (503); PayloadTooLarge (413);
+            ParseError, InvalidModelId (400); ValidationFailed, UnroutableModel,
+            IdempotencyMismatch (422); ContentConflict (409); StoreUnavailable (503);
+            IdempotentInflightCancelled (503).
+        """
+        self.require_registry()
+        if self.publisher is not None and not self.publisher.is_connected:
+            raise PublisherUnavailable(
+                "the config delta publisher is disconnected; the write was not applied, retry"
+            )
+        if len(body) > MAX_CONFIG_BODY_BYTES:
+            raise PayloadTooLarge(
+                f"body: {len(body)} bytes exceeds the {MAX_CONFIG_BODY_BYTES} byte limit",
+                field="body",
+            )
+        if idempotency_key:
+            return await self.idempotency.run(idempotency_key, body, lambda: self._write(body))
+        return await self._write(body)
+
+    def _prevalidate(self, body: bytes) -> dict[str, Any]:
+        if not body.strip():
+            raise ParseError("body: empty; send a model config YAML document", field="body")
+        doc = load_yaml(body, what="body")
+        sie_id = doc.get("sie_id")
+        if isinstance(sie_id, str):
+            validate_model_id(sie_id)
+            if self.store is not None:
+                model_file_name(sie_id)
+        return doc
+
+    async def _write(self, body: bytes) -> Reply:
+        registry = self.require_registry()
+        doc = self._prevalidate(body)
+        async with self.lock:
+            plan = registry.plan_write(doc)
+            if not plan.created:
+                return 200, self._reply(registry, plan, [])
+            # commit: finish whatever the client does; no checkpoint between here and the
+            # return, so a deferred cancellation cannot lose the committed reply
+            with anyio.CancelScope(shield=True):
+                reply = await self._commit(registry, plan)
+            return reply
+
+    async def _commit(self, registry: ModelRegistry, plan: MergeResult) -> Reply:
+        model_id = plan.config.sie_id
+        new_epoch = self.epoch.get() + 1
+        yaml_text = dump_yaml(plan.document)
+        if self.store is not None:
+            await anyio.to_thread.run_sync(self._persist, model_id, yaml_text, new_epoch)
+        registry.add_model_config(plan.config, SOURCE_API)
+        self.epoch.force_set(new_epoch)
+        warnings = await self._publish(registry, plan, yaml_text, new_epoch)
+        audit.info(
+            "config.add_model model=%s created=%s epoch=%d", model_id, plan.created, new_epoch
+        )
+        return 201, self._reply(registry, plan, warnings)
+
+    def _persist(self, model_id: str, yaml_text: str, new_epoch: int) -> None:
+        """Model file, then epoch file; on an epoch failure restore the old model file."""
+        assert self.store is not None
+        previous = self.store.read_model(model_id)
+        self.store.write_model(model_id, yaml_text, new_epoch)
+        try:
+            self.store.write_epoch(new_epoch)
+        except SieError:
+            try:
+                if previous is None:
+                    self.store.delete_model(model_id)
+                else:
+                    self.store.write_model(model_id, previous, new_epoch - 1)
+            except SieError:
+                log.exception("config store rollback of %s failed", model_id)
+            raise
+
+    async def _publish(
+        self, registry: ModelRegistry, plan: MergeResult, yaml_text: str, epoch: int
+    ) -> list[str]:
+        if self.publisher is None:
+            return []
+        snap = registry.snapshot
+        cfg = snap.configs[plan.config.sie_id]
+        affected = sorted(
+            {
+                b
+                for p in plan.created
+                for b in snap.bundles_for_module(cfg.resolve_profile(p).adapter_module)
+            },
+            key=lambda n: (snap.bundles[n].priority, n),
+        )
+        pool_hashes = snap.bundle_pool_config_hashes(affected)
+        failed: list[str] = []
+        last_error = ""
+        for bundle in affected:
+            data = ConfigNotification(
+                router_id=self.producer_id,
+                bundle_id=bundle,
+                epoch=epoch,
+                bundle_config_hash=snap.bundle_config_hash(bundle),
+                bundle_pool_config_hashes={bundle: pool_hashes.get(bundle, {})},
+                model_id=cfg.sie_id,
+                pool=cfg.effective_pool,
+                profiles_added=plan.created,
+                model_config_yaml=yaml_text,
+                affected_bundles=affected,
+            ).to_bytes()
+            try:
+                await self.publisher.publish(config_subject(bundle), data)
+                await self.publisher.publish(config_subject(ALL_BUNDLES), data)
+            except Exception as exc:  # any publisher failure is a warning, not a failed write
+                log.warning("config delta for bundle %s not published: %s", bundle, exc)
+                failed.append(bundle)
+                last_error = str(exc)
+        if not failed:
+            self._count("success")
+            return []
+        if len(failed) < len(affected):
+            self._count("partial")
+            return [
+                f"nats_publish_partial: failed to publish to {len(failed)} bundle(s) {failed}: "
+                f"{last_error}; gateways converge through the epoch poller"
+            ]
+        self._count("failure")
+        return [
+            f"nats_publish_failed: {last_error}; the write is durable and gateways converge "
+            "through the epoch poller"
+        ]
+
+    def _count(self, result: str) -> None:
+        if self._on_publish is not None:
+            self._on_publish(result)
+
+    def _reply(
+        self, registry: ModelRegistry, plan: MergeResult, warnings: list[str]
+    ) -> dict[str, Any]:
+        snap = registry.snapshot
+        sie_id = plan.config.sie_id
+        routable: dict[str, list[str]] = {}
+        for p in [*plan.created, *plan.skipped]:
+            entry = snap.entries.get(sie_id if p == DEFAULT_PROFILE else f"{sie_id}:{p}")
+            routable[p] = list(entry.bundles) if entry is not None else []
+        return {
+            "model_id": sie_id,
+            "created_profiles": plan.created,
+            "existing_profiles_skipped": plan.skipped,
+            "warnings": warnings,
+            "routable_bundles_by_profile": routable,
+            "router_id": self.producer_id if self.publisher is not None else "standalone",
+            "epoch": self.epoch.get(),
+        }
