@@ -58,6 +58,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--bundle", help="worker bundle [SIE_BUNDLE, default default]")
     s.add_argument("--device", help="torch device [SIE_DEVICE, default cpu]")
     s.add_argument("--log-level", help="[SIE_LOG_LEVEL, default INFO]")
+    s.add_argument(
+        "--config-store-dir",
+        help="config role: durable store, local path or fsspec URL [SIE_CONFIG_STORE_DIR]",
+    )
+    s.add_argument(
+        "--config-service-url",
+        help="gateway/worker: config role base URL [SIE_CONFIG_SERVICE_URL]",
+    )
     sub.add_parser("version", help="print the version")
     return p
 

@@ -1,0 +1,405 @@
+"""The config write path, branch by branch (architecture §3, §9; reference §5.4, §5.5).
+
+Every failing branch asserts that store, registry and epoch are unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+
+from sie.control.authority import ConfigAuthority
+from sie.control.store import ConfigStore
+from sie.core.errors import (
+    ContentConflict,
+    IdempotencyMismatch,
+    IdempotentInflightCancelled,
+    InvalidModelId,
+    ParseError,
+    PayloadTooLarge,
+    PublisherUnavailable,
+    RegistryUnavailable,
+    StoreUnavailable,
+    UnroutableModel,
+    ValidationFailed,
+)
+from sie.core.subjects import config_subject
+from sie.core.wire import ConfigNotification
+from sie.transport.memory import MemoryBus
+from tests.configdata import OTHER_BUNDLE, model_yaml, registry
+
+pytestmark = pytest.mark.anyio
+
+
+class FlakyPublisher:
+    """A bus wrapper whose publishes fail for chosen bundles, or that is disconnected."""
+
+    def __init__(self, bus: MemoryBus, fail_bundles: set[str] | None = None) -> None:
+        self.bus = bus
+        self.fail_bundles = fail_bundles or set()
+        self.connected = True
+
+    @property
+    def is_connected(self) -> bool:
+        return self.connected
+
+    async def publish(self, subject: str, data: bytes) -> None:
+        if subject.rsplit(".", 1)[-1] in self.fail_bundles:
+            raise OSError(f"publish to {subject} failed")
+        await self.bus.publish(subject, data)
+
+
+@pytest.fixture
+async def bus() -> AsyncIterator[MemoryBus]:
+    async with MemoryBus() as b:
+        yield b
+
+
+def make(
+    bus: MemoryBus | None = None, *, store: bool = True, publisher: Any = None, bundles: Any = ()
+) -> ConfigAuthority:
+    st = ConfigStore(f"memory://auth-{uuid.uuid4().hex}") if store else None
+    return ConfigAuthority(
+        registry(*bundles) if bundles else registry(),
+        store=st,
+        publisher=publisher if publisher is not None else bus,
+        producer_id="sie-config-0",
+    )
+
+
+def state(a: ConfigAuthority) -> tuple[Any, ...]:
+    assert a.registry is not None
+    snap = a.registry.snapshot
+    stored = tuple(a.store.load_all()) if a.store else ()
+    return dict(snap.configs), a.epoch.get(), stored, a.store.read_epoch() if a.store else None
+
+
+async def test_create_persists_bumps_epoch_and_publishes(bus: MemoryBus) -> None:
+    a = make(bus)
+    sub_b = await bus.subscribe(config_subject("default"))
+    sub_all = await bus.subscribe(config_subject("_all"))
+    status, body = await a.write(model_yaml())
+    assert status == 201
+    assert body["created_profiles"] == ["default"] and body["existing_profiles_skipped"] == []
+    assert body["routable_bundles_by_profile"] == {"default": ["default"]}
+    assert body["router_id"] == "sie-config-0" and body["warnings"] == [] and body["epoch"] == 1
+    assert a.epoch.get() == 1 and a.store is not None and a.store.read_epoch() == 1
+    assert "org/m" in (a.store.read_model("org/m") or "")
+    m1, m2 = await sub_b.next_msg(1), await sub_all.next_msg(1)
+    assert m1.data == m2.data  # byte-identical copy on _all (§3)
+    note = ConfigNotification.from_bytes(m1.data)
+    assert (note.bundle_id, note.epoch, note.model_id, note.profiles_added) == (
+        "default",
+        1,
+        "org/m",
+        ["default"],
+    )
+    assert note.bundle_config_hash == a.registry.snapshot.bundle_config_hash("default")  # type: ignore[union-attr]
+    assert note.bundle_pool_config_hashes["default"]["default"]
+    assert "sie_id: org/m" in note.model_config_yaml
+
+
+async def test_replay_is_200_and_skips_disk_epoch_publish(bus: MemoryBus) -> None:
+    a = make(bus)
+    await a.write(model_yaml())
+    before = state(a)
+    sub = await bus.subscribe("sie.config.models.>")
+    status, body = await a.write(model_yaml())
+    assert (
+        status == 200
+        and body["created_profiles"] == []
+        and body["existing_profiles_skipped"] == ["default"]
+    )
+    assert state(a) == before
+    with pytest.raises(TimeoutError):
+        await sub.next_msg(0.1)
+
+
+async def test_append_publishes_merged_document(bus: MemoryBus) -> None:
+    a = make(bus)
+    await a.write(model_yaml(max_sequence_length=64))
+    sub = await bus.subscribe(config_subject("_all"))
+    status, body = await a.write(
+        b"sie_id: org/m\nprofiles:\n  fast:\n    extends: default\n    max_batch_tokens: 64\n"
+    )
+    assert status == 201 and body["created_profiles"] == ["fast"] and a.epoch.get() == 2
+    note = ConfigNotification.from_bytes((await sub.next_msg(1)).data)
+    assert "max_sequence_length: 64" in note.model_config_yaml and "fast:" in note.model_config_yaml
+    assert a.store is not None and "max_sequence_length: 64" in (a.store.read_model("org/m") or "")
+
+
+async def test_epoch_advances_without_a_store(bus: MemoryBus) -> None:
+    # reference §9 item 10: the public implementation never advances without a store
+    a = make(bus, store=False)
+    await a.write(model_yaml("org/a"))
+    await a.write(model_yaml("org/b"))
+    assert a.epoch.get() == 2 and a.epoch_info()["epoch"] == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        (b"", ParseError),
+        (b"   \n", ParseError),
+        (b"sie_id: [unclosed", ParseError),
+        (b"- a list\n", ParseError),
+        (b"sie_id: 2020-01-01\n", ParseError),
+        (model_yaml("../etc"), InvalidModelId),
+        (model_yaml("org/status"), InvalidModelId),
+        (model_yaml("status"), InvalidModelId),
+        (model_yaml("-leading"), InvalidModelId),
+        (model_yaml("a__b"), InvalidModelId),  # the store cannot round-trip it
+        (model_yaml(extra_key=1), ValidationFailed),
+        (b"profiles: {}\n", ValidationFailed),
+        (
+            model_yaml(profiles={"default": {"adapter_path": "x.y:Z", "max_batch_tokens": 1}}),
+            UnroutableModel,
+        ),
+        (b"x" * (1024 * 1024 + 1), PayloadTooLarge),
+    ],
+)
+async def test_bad_input_changes_nothing(
+    bus: MemoryBus, body: bytes, error: type[Exception]
+) -> None:
+    a = make(bus)
+    await a.write(model_yaml("org/keep"))
+    before = state(a)
+    sub = await bus.subscribe("sie.config.models.>")
+    with pytest.raises(error) as e:
+        await a.write(body)
+    assert 400 <= e.value.status < 500  # type: ignore[attr-defined]
+    assert state(a) == before
+    with pytest.raises(TimeoutError):
+        await sub.next_msg(0.05)
+
+
+async def test_conflict_is_409_and_changes_nothing(bus: MemoryBus) -> None:
+    a = make(bus)
+    await a.write(model_yaml())
+    before = state(a)
+    with pytest.raises(ContentConflict):
+        await a.write(
+            model_yaml(
+                profiles={
+                    "default": {
+                        "adapter_path": "sie.engines.sentence_transformers:DenseEncoder",
+                        "max_batch_tokens": 7,
+                    }
+                }
+            )
+        )
+    assert state(a) == before
+
+
+async def test_store_failure_leaves_registry_and_epoch_untouched(bus: MemoryBus) -> None:
+    a = make(bus)
+    await a.write(model_yaml("org/a"))
+    before = state(a)
+    assert a.store is not None
+    real = a.store.write_epoch
+
+    def broken(epoch: int) -> None:
+        raise StoreUnavailable("disk full")
+
+    a.store.write_epoch = broken  # type: ignore[method-assign]
+    with pytest.raises(StoreUnavailable):
+        await a.write(model_yaml("org/b"))
+    a.store.write_epoch = real  # type: ignore[method-assign]
+    assert state(a) == before  # model file rolled back, registry and epoch untouched
+    status, _ = await a.write(model_yaml("org/b"))
+    assert status == 201 and a.epoch.get() == 2
+
+
+async def test_disconnected_publisher_is_503_before_anything(bus: MemoryBus) -> None:
+    pub = FlakyPublisher(bus)
+    a = make(bus, publisher=pub)
+    pub.connected = False
+    before = state(a)
+    with pytest.raises(PublisherUnavailable) as e:
+        await a.write(model_yaml())
+    assert e.value.status == 503 and state(a) == before
+
+
+async def test_partial_publish_is_a_warning_and_the_write_is_durable(bus: MemoryBus) -> None:
+    pub = FlakyPublisher(bus, fail_bundles={"other"})
+    a = make(bus, publisher=pub, bundles=(registry().snapshot.bundles["default"], OTHER_BUNDLE))
+    sub = await bus.subscribe(config_subject("default"))
+    status, body = await a.write(model_yaml())
+    assert status == 201 and a.epoch.get() == 1
+    assert len(body["warnings"]) == 1 and body["warnings"][0].startswith("nats_publish_partial")
+    assert "other" in body["warnings"][0]
+    assert ConfigNotification.from_bytes((await sub.next_msg(1)).data).bundle_id == "default"
+    pub.fail_bundles = {"default", "other"}
+    status, body = await a.write(model_yaml("org/n"))
+    assert status == 201 and body["warnings"][0].startswith("nats_publish_failed")
+    assert a.store is not None and a.store.list_models() == ["org/m", "org/n"]
+
+
+async def test_registry_unavailable_everywhere_but_epoch() -> None:
+    a = ConfigAuthority(None, registry_error="bundles/x.yaml: bad")
+    with pytest.raises(RegistryUnavailable):
+        await a.write(model_yaml())
+    with pytest.raises(RegistryUnavailable):
+        await a.export()
+    assert a.epoch_info() == {"epoch": 0, "bundles_hash": "", "bundle_config_hashes_hash": ""}
+
+
+async def test_export_is_a_serialisation_point(bus: MemoryBus) -> None:
+    a = make(bus)
+    async with anyio.create_task_group() as tg:
+        for i in range(10):
+            tg.start_soon(a.write, model_yaml(f"org/m{i}"))
+        snaps = []
+        for _ in range(5):
+            snaps.append(await a.export())
+            await anyio.sleep(0)
+    for snap in [*snaps, await a.export()]:
+        assert len(snap["models"]) == snap["epoch"]  # each write adds one model and one epoch
+    final = await a.export()
+    assert final["snapshot_version"] == 1 and final["generated_at"].endswith("Z")
+    assert final["models"][0]["affected_bundles"] == ["default"]
+    json.dumps(final)
+
+
+# -- Idempotency-Key (architecture §3 "Idempotency") ---------------------------------------
+
+
+async def test_same_key_same_body_replays_without_executing(bus: MemoryBus) -> None:
+    a = make(bus)
+    first = await a.write(model_yaml(), "k1")
+    epoch = a.epoch.get()
+    assert await a.write(model_yaml(), "k1") == first  # the cached 201, not a 200 no-op
+    assert a.epoch.get() == epoch
+
+
+async def test_same_key_different_body_is_422(bus: MemoryBus) -> None:
+    a = make(bus)
+    await a.write(model_yaml(), "k1")
+    with pytest.raises(IdempotencyMismatch) as e:
+        await a.write(model_yaml("org/other"), "k1")
+    assert e.value.status == 422 and "org/other" not in a.registry.snapshot.configs  # type: ignore[union-attr]
+
+
+async def test_no_key_no_caching(bus: MemoryBus) -> None:
+    a = make(bus)
+    assert (await a.write(model_yaml()))[0] == 201
+    assert (await a.write(model_yaml()))[0] == 200
+    assert len(a.idempotency) == 0
+
+
+async def test_concurrent_same_key_executes_once(bus: MemoryBus) -> None:
+    a = make(bus)
+    calls = 0
+    real = a._commit
+
+    async def counting(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        await anyio.sleep(0.05)
+        return await real(*args)
+
+    a._commit = counting  # type: ignore[method-assign]
+    replies: list[Any] = []
+
+    async def one() -> None:
+        replies.append(await a.write(model_yaml(), "same"))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(25):
+            tg.start_soon(one)
+    assert calls == 1 and a.epoch.get() == 1
+    assert len(replies) == 25 and all(r == replies[0] for r in replies) and replies[0][0] == 201
+
+
+async def test_waiters_see_the_owners_failure_not_a_success(bus: MemoryBus) -> None:
+    a = make(bus)
+    assert a.store is not None
+    gate = anyio.Event()
+    real = a.store.write_epoch
+
+    def slow_fail(epoch: int) -> None:
+        anyio.from_thread.run(gate.wait)
+        raise StoreUnavailable("disk full")
+
+    a.store.write_epoch = slow_fail  # type: ignore[method-assign]
+    errors: list[Exception] = []
+
+    async def one() -> None:
+        try:
+            await a.write(model_yaml(), "k")
+        except Exception as exc:
+            errors.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(one)
+        await anyio.sleep(0.1)
+        gate.set()
+    assert len(errors) == 3 and all(isinstance(e, StoreUnavailable) for e in errors)
+    a.store.write_epoch = real  # type: ignore[method-assign]
+    assert (await a.write(model_yaml(), "k"))[0] == 201  # failures are not cached: a retry runs
+
+
+async def test_owner_cancelled_before_commit_gives_waiters_503(bus: MemoryBus) -> None:
+    a = make(bus)
+    results: list[Any] = []
+    async with a.lock:  # hold the write lock so the owner blocks before committing
+        async with anyio.create_task_group() as tg:
+            owner_scope = anyio.CancelScope()
+
+            async def owner() -> None:
+                with owner_scope:
+                    await a.write(model_yaml(), "k")
+
+            async def waiter() -> None:
+                try:
+                    results.append(await a.write(model_yaml(), "k"))
+                except Exception as exc:
+                    results.append(exc)
+
+            tg.start_soon(owner)
+            await anyio.sleep(0.05)
+            tg.start_soon(waiter)
+            await anyio.sleep(0.05)
+            owner_scope.cancel()
+    assert len(results) == 1 and isinstance(results[0], IdempotentInflightCancelled)
+    assert a.epoch.get() == 0
+    assert (await a.write(model_yaml(), "k"))[0] == 201
+
+
+async def test_eviction_between_wake_and_read_is_not_reexecuted(bus: MemoryBus) -> None:
+    a = make(bus)
+    gate = anyio.Event()
+    real = a._commit
+    calls = 0
+
+    async def slow(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        await gate.wait()
+        reply = await real(*args)
+        return reply
+
+    a._commit = slow  # type: ignore[method-assign]
+    out: list[Any] = []
+
+    async def call() -> None:
+        out.append(await a.write(model_yaml(), "k"))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        await anyio.sleep(0.02)
+        tg.start_soon(call)
+        await anyio.sleep(0.02)
+        # the owner completes and caches; capacity 0 evicts it before the waiter reads
+        a.idempotency.capacity = 0
+        gate.set()
+    statuses = sorted(r[0] for r in out)
+    assert calls == 1 and statuses == [200, 201]
+    replay = next(r for r in out if r[0] == 200)
+    assert replay[1]["error"] == "idempotent_replay_evicted"
