@@ -257,7 +257,7 @@ async def test_export_is_a_serialisation_point(bus: MemoryBus) -> None:
         snaps = []
         for _ in range(5):
             snaps.append(await a.export())
-            await anyio.sleep(0)
+            await anyio.sleep(0.001)
     for snap in [*snaps, await a.export()]:
         assert len(snap["models"]) == snap["epoch"]  # each write adds one model and one epoch
     final = await a.export()
@@ -348,25 +348,25 @@ async def test_waiters_see_the_owners_failure_not_a_success(bus: MemoryBus) -> N
 async def test_owner_cancelled_before_commit_gives_waiters_503(bus: MemoryBus) -> None:
     a = make(bus)
     results: list[Any] = []
-    async with a.lock:  # hold the write lock so the owner blocks before committing
-        async with anyio.create_task_group() as tg:
-            owner_scope = anyio.CancelScope()
+    # hold the write lock so the owner blocks before committing
+    async with a.lock, anyio.create_task_group() as tg:
+        owner_scope = anyio.CancelScope()
 
-            async def owner() -> None:
-                with owner_scope:
-                    await a.write(model_yaml(), "k")
+        async def owner() -> None:
+            with owner_scope:
+                await a.write(model_yaml(), "k")
 
-            async def waiter() -> None:
-                try:
-                    results.append(await a.write(model_yaml(), "k"))
-                except Exception as exc:
-                    results.append(exc)
+        async def waiter() -> None:
+            try:
+                results.append(await a.write(model_yaml(), "k"))
+            except Exception as exc:
+                results.append(exc)
 
-            tg.start_soon(owner)
-            await anyio.sleep(0.05)
-            tg.start_soon(waiter)
-            await anyio.sleep(0.05)
-            owner_scope.cancel()
+        tg.start_soon(owner)
+        await anyio.sleep(0.05)
+        tg.start_soon(waiter)
+        await anyio.sleep(0.05)
+        owner_scope.cancel()
     assert len(results) == 1 and isinstance(results[0], IdempotentInflightCancelled)
     assert a.epoch.get() == 0
     assert (await a.write(model_yaml(), "k"))[0] == 201
