@@ -33,7 +33,7 @@ import anyio
 import anyio.abc
 import httpx
 
-from sie.core.config import ModelConfig, parse_bundle, parse_model_config
+from sie.core.config import ModelConfig, load_yaml, parse_bundle, parse_model_config
 from sie.core.epoch import ConfigEpoch
 from sie.core.errors import SieError
 from sie.core.registry import SOURCE_API, ModelRegistry
@@ -212,7 +212,9 @@ class ConfigSync:
             for bid in ids:
                 r = await self._get(client, f"/v1/configs/bundles/{bid}")
                 try:
-                    bundles.append(parse_bundle(r.content, default_name=bid))
+                    doc = load_yaml(r.content, what=f"bundle {bid!r}")
+                    doc.pop("source", None)  # read-surface annotation, not bundle content
+                    bundles.append(parse_bundle(doc, default_name=bid))
                 except SieError as exc:
                     raise BootstrapError(f"bundle {bid!r}: {exc.message}") from exc
             export = self._json(await self._get(client, "/v1/configs/export"))
