@@ -1,0 +1,188 @@
+"""Acceptance: config writes become servable without a restart, and hash parity
+(architecture §3, §4.3, §6, §7).
+
+One all-in-one stack (gateway, config, worker; MiniLM on the CPU), each role with
+its own registry converging over the bus and the config service.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from sie.core.config import parse_model_config
+from sie.core.hashing import bundle_document
+from tests.conftest import MINILM, Stack, run_stack
+
+pytestmark = pytest.mark.slow
+
+NEW = "acme/minilm-raw"
+NEW_YAML = f"""sie_id: {NEW}
+hf_id: sentence-transformers/all-MiniLM-L6-v2
+tasks: {{encode: {{dense: {{dim: 384}}}}}}
+max_sequence_length: 256
+profiles:
+  default:
+    adapter_path: sie.engines.sentence_transformers:DenseEncoder
+    max_batch_tokens: 8192
+    adapter_options:
+      loadtime: {{flag: 0}}
+      runtime: {{normalize: false, prefix_note: "質問 ✓"}}
+""".encode()
+
+
+@pytest.fixture(scope="module")
+def flow() -> Iterator[Stack]:
+    with run_stack(config_poll_interval_s=0.5, preload=(MINILM,)) as s:
+        yield s
+
+
+def cfg(stack: Stack) -> str:
+    return f"http://127.0.0.1:{stack.running.config_port}"
+
+
+def wait_for(pred: Any, timeout_s: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = pred()
+        if got:
+            return got
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def test_posted_model_is_served_and_acked_without_restart(flow: Stack, st_model: Any) -> None:
+    w = httpx.post(f"{cfg(flow)}/v1/configs/models", content=NEW_YAML)
+    assert w.status_code == 201, w.text
+    write_epoch = w.json()["epoch"]
+    gw = flow.base_url
+    text = ["served by a config written at runtime"]
+    r = wait_for(
+        lambda: (
+            x
+            if (
+                x := httpx.post(
+                    f"{gw}/v1/encode/{NEW}", json={"items": [{"text": text[0]}]}, timeout=60
+                )
+            ).status_code
+            == 200
+            else None
+        )
+    )
+    vec = np.array(r.json()["items"][0]["dense"]["values"], dtype=np.float32)
+    assert vec.shape == (384,)
+    # normalize: false in the runtime options: the raw (unnormalised) MiniLM vector
+    raw = st_model.encode(text, normalize_embeddings=False)[0]
+    np.testing.assert_allclose(vec, raw, atol=1e-4)
+    status = wait_for(
+        lambda: (
+            s
+            if (s := httpx.get(f"{gw}/v1/configs/models/{NEW}/status").json())["all_bundles_acked"]
+            else None
+        )
+    )
+    worker = flow.running.worker
+    assert worker is not None
+    assert status["no_bundles"] is False and status["config_epoch"] >= write_epoch
+    (row,) = status["bundles"]
+    assert row["bundle_id"] == "default" and row["pool"] == "default"
+    assert row["acked_workers"] == [worker.worker_id] and row["pending_workers"] == []
+    assert row["total_eligible_workers"] == 1 and row["acked"] is True
+
+
+def test_appended_profile_is_served(flow: Stack) -> None:
+    body = (
+        f"sie_id: {MINILM}\nprofiles:\n  short:\n    extends: default\n    max_batch_tokens: 512\n"
+    )
+    w = httpx.post(f"{cfg(flow)}/v1/configs/models", content=body)
+    assert w.status_code == 201 and w.json()["created_profiles"] == ["short"]
+    r = wait_for(
+        lambda: (
+            x
+            if (
+                x := httpx.post(
+                    f"{flow.base_url}/v1/encode/{MINILM}:short",
+                    json={"items": [{"text": "hi"}]},
+                    timeout=60,
+                )
+            ).status_code
+            == 200
+            else None
+        )
+    )
+    assert len(r.json()["items"][0]["dense"]["values"]) == 384
+
+
+def test_hash_parity_config_gateway_worker(flow: Stack) -> None:
+    """architecture §7: config role, gateway and worker hash byte-identically, including
+    ``adapter_options`` like ``{"flag": 0}`` and non-ASCII option values."""
+    httpx.post(f"{cfg(flow)}/v1/configs/models", content=NEW_YAML)
+    run = flow.running
+    assert run.config is not None and run.gateway is not None and run.worker is not None
+    config_reg, gw_reg, wk_reg = run.config.registry, run.gateway.registry, run.worker.registry
+    assert config_reg is not None
+
+    def hashes() -> tuple[str, str, str]:
+        return (
+            config_reg.snapshot.bundle_config_hash("default", "default"),
+            gw_reg.snapshot.bundle_config_hash("default", "default"),
+            run.worker.heartbeat().bundle_config_hash,
+        )
+
+    h = wait_for(lambda: x if len(set(x := hashes())) == 1 else None)
+    assert len(h[0]) == 64
+    # whole-fingerprint parity, as the poller compares it
+    epoch = httpx.get(f"{cfg(flow)}/v1/configs/epoch").json()
+    assert epoch["bundle_config_hashes_hash"] == gw_reg.snapshot.bundle_config_hashes_hash()
+    assert epoch["bundles_hash"] == gw_reg.snapshot.bundles_hash() == wk_reg.snapshot.bundles_hash()
+    # the canonical document is raw UTF-8 JSON (not ASCII-escaped); {loadtime: {flag: 0}}
+    # is a truthy value of adapter_options, so it is kept (§7's predicate is per value)
+    doc = bundle_document([parse_model_config(NEW_YAML)], gw_reg.snapshot.bundles["default"])
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert "質問 ✓" in text and '"loadtime":{"flag":0}' in text
+
+
+def test_worker_with_stale_hash_is_pending(flow: Stack) -> None:
+    gw = flow.running.gateway
+    assert gw is not None
+    from sie.core.wire import Heartbeat
+
+    fake = Heartbeat(
+        worker_id="zz-stale",
+        pool="default",
+        machine_profile="default",
+        bundle="default",
+        ready=True,
+        bundle_config_hash="old",
+    )
+    other_case = Heartbeat(
+        worker_id="zz-case",
+        pool="default",
+        machine_profile="default",
+        bundle="Default",
+        ready=True,
+        bundle_config_hash="old",
+    )
+    from sie.core.subjects import health_subject
+
+    for hb in (fake, other_case):
+        flow.portal.call(gw.bus.publish, health_subject(hb.worker_id), hb.to_bytes())
+    status = wait_for(
+        lambda: (
+            s
+            if "zz-stale"
+            in (s := httpx.get(f"{flow.base_url}/v1/configs/models/{MINILM}/status").json())[
+                "bundles"
+            ][0]["pending_workers"]
+            else None
+        )
+    )
+    row = status["bundles"][0]
+    assert row["acked"] is False and status["all_bundles_acked"] is False
+    assert "zz-case" not in row["pending_workers"] + row["acked_workers"]  # exact bundle match only
