@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from sie.core.config import load_yaml
-from tests.conftest import MINILM, Stack, run_stack
 from tests.configdata import model_yaml
+from tests.conftest import MINILM, Stack, run_stack
 
 ADMIN, USER = "admin-secret", "user-secret"
 ST_MODEL = b"""sie_id: acme/mini
@@ -223,7 +223,7 @@ def test_registry_unavailable(tmp_path: Path) -> None:
         }
 
 
-# -- the auth matrix (architecture §3, §13): every route × no/inference/admin/wrong token ----
+# -- the auth matrix (architecture §3, §13): every route x no/inference/admin/wrong token ----
 
 TOKENS = {"none": None, "user": USER, "admin": ADMIN, "wrong": "nope"}
 OK, DENY401, DENY403 = "ok", 401, 403
