@@ -58,6 +58,22 @@ class ModelEntry:
         """The bundle this id routes to by default."""
         return self.bundles[0]
 
+    @property
+    def load_key(self) -> tuple[Any, ...]:
+        """What a loaded engine depends on: weights, shapes and the resolved profile.
+        Appending another profile to the model leaves it unchanged (no reload)."""
+        c = self.config
+        return (
+            c.hf_id,
+            c.hf_revision,
+            c.weights_path,
+            c.package_backed,
+            c.max_sequence_length,
+            c.inputs,
+            c.tasks,
+            self.profile,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class RegistrySnapshot:

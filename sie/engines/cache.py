@@ -117,7 +117,7 @@ class ModelCache:
         Raises:
             ModelLoadFailed: the load failed (now or earlier, sticky for this config).
         """
-        key = (entry.config, entry.profile)
+        key = entry.load_key
         slot = self._slots.get(entry.model_id)
         if slot is not None and slot.config_key != key:
             await self.unload(entry.model_id)  # config changed: drop the old engine / failure

@@ -97,6 +97,15 @@ def test_posted_model_is_served_and_acked_without_restart(flow: Stack, st_model:
 
 
 def test_appended_profile_is_served(flow: Stack) -> None:
+    worker = flow.running.worker
+    assert worker is not None
+    assert (
+        httpx.post(
+            f"{flow.base_url}/v1/encode/{MINILM}", json={"items": [{"text": "a"}]}
+        ).status_code
+        == 200
+    )
+    base_slot = worker.models._slots[MINILM]
     body = (
         f"sie_id: {MINILM}\nprofiles:\n  short:\n    extends: default\n    max_batch_tokens: 512\n"
     )
@@ -117,6 +126,14 @@ def test_appended_profile_is_served(flow: Stack) -> None:
         )
     )
     assert len(r.json()["items"][0]["dense"]["values"]) == 384
+    # appending a profile does not reload the base model (its load key is unchanged)
+    assert (
+        httpx.post(
+            f"{flow.base_url}/v1/encode/{MINILM}", json={"items": [{"text": "a"}]}
+        ).status_code
+        == 200
+    )
+    assert worker.models._slots[MINILM] is base_slot
 
 
 def test_hash_parity_config_gateway_worker(flow: Stack) -> None:
