@@ -144,6 +144,7 @@ async def readyz(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     m: Metrics = request.app.state.metrics
+    m.config_epoch.labels("config").set(_role(request).authority.epoch.get())
     return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
 
 
