@@ -51,6 +51,28 @@ def st_model(minilm_path: Path) -> Any:
     return SentenceTransformer(str(minilm_path), device="cpu")
 
 
+def wait_for(pred: Any, timeout_s: float = 30.0) -> Any:
+    """Poll ``pred`` every 50 ms until it returns something truthy; return that."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = pred()
+        if got:
+            return got
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def post_until_ok(url: str, json: Any, timeout_s: float = 30.0) -> Any:
+    """POST until a 200 arrives (e.g. while a config change propagates); the response."""
+    import httpx
+
+    def attempt() -> Any:
+        r = httpx.post(url, json=json, timeout=60)
+        return r if r.status_code == 200 else None
+
+    return wait_for(attempt, timeout_s)
+
+
 @dataclass
 class Stack:
     base_url: str

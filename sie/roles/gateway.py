@@ -21,9 +21,7 @@ import anyio
 import anyio.abc
 
 from sie.control.ack_status import WorkerAck, worker_ack_status
-from sie.control.sync import ConfigSync
 from sie.core.config import POOL_RE
-from sie.core.epoch import ConfigEpoch
 from sie.core.errors import (
     Backpressure,
     GatewayTimeout,
@@ -44,6 +42,7 @@ from sie.core.subjects import (
     work_subject,
 )
 from sie.core.wire import Heartbeat, WorkItem, WorkResult
+from sie.roles._config_sync import build_config_sync, run_config_sync
 from sie.settings import ServeSettings
 from sie.telemetry import METRICS, Metrics
 from sie.transport.base import Bus, NoStreamError, StreamFullError, work_stream_config
@@ -136,18 +135,14 @@ class GatewayRole:
         self.workers: dict[str, WorkerView] = {}
         self.started_at = time.time()
         self._started_mono = time.monotonic()
-        self.epoch = ConfigEpoch()
-        self.sync = ConfigSync(
+        self.sync = build_config_sync(
             registry,
-            self.epoch,
-            base_url=config_service_url or settings.config_service_url,
-            admin_token=settings.admin(),
-            poll_interval_s=settings.config_poll_interval_s,
-            trusted_producers=settings.config_trusted_producers,
-            trust_any_producer=settings.config_trust_any_producer,
+            settings,
+            config_service_url=config_service_url,
             metrics=metrics,
             role="gateway",
         )
+        self.epoch = self.sync.epoch
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -156,23 +151,16 @@ class GatewayRole:
         config sync (never blocking startup, §4), then collect results until cancelled."""
         inbox = await self.bus.subscribe(inbox_wildcard(self.router_id))
         health = await self.bus.subscribe(HEALTH_WILDCARD)
-        deltas = await self.bus.subscribe(config_subject("_all"))
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._read_health, health)
-                tg.start_soon(self._read_deltas, deltas)
-                await tg.start(self.sync.run)
+                await tg.start(run_config_sync, self.bus, self.sync, config_subject("_all"))
                 task_status.started()
                 await self._read_inbox(inbox)
         finally:
             with anyio.CancelScope(shield=True):
                 await inbox.unsubscribe()
                 await health.unsubscribe()
-                await deltas.unsubscribe()
-
-    async def _read_deltas(self, sub: Any) -> None:
-        async for msg in sub:
-            self.sync.handle_delta(msg.data)
 
     def model_status(self, model_id: str) -> dict[str, Any]:
         """Worker-ack status of ``model_id`` as this gateway sees it (architecture §6).

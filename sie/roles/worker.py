@@ -23,8 +23,6 @@ import anyio
 import anyio.abc
 import numpy as np
 
-from sie.control.sync import ConfigSync
-from sie.core.epoch import ConfigEpoch
 from sie.core.errors import InvalidInput, ModelNotFound, SieError
 from sie.core.registry import ModelEntry, ModelRegistry
 from sie.core.subjects import (
@@ -37,6 +35,7 @@ from sie.core.subjects import (
 from sie.core.wire import Heartbeat, WorkItem, WorkResult, packb, salvage_reply
 from sie.engines.base import EncodeEngine
 from sie.engines.cache import ModelCache
+from sie.roles._config_sync import build_config_sync, run_config_sync
 from sie.settings import ServeSettings
 from sie.telemetry import METRICS, Metrics
 from sie.transport.base import Bus, BusError, ConsumerConfig, JsMsg, work_stream_config
@@ -124,19 +123,15 @@ class WorkerRole:
         self._inflight = anyio.Semaphore(settings.max_inflight_items)
         # config convergence (architecture §6, §7): deltas on sie.config.models.{bundle},
         # plus the export reconciler when a config service URL is known
-        self.epoch = ConfigEpoch()
-        self.sync = ConfigSync(
+        self.sync = build_config_sync(
             registry,
-            self.epoch,
-            base_url=config_service_url or settings.config_service_url,
-            admin_token=settings.admin(),
-            poll_interval_s=settings.config_poll_interval_s,
-            trusted_producers=settings.config_trusted_producers,
-            trust_any_producer=settings.config_trust_any_producer,
-            on_change=lambda: self._status_changed.set(),
+            settings,
+            config_service_url=config_service_url,
             metrics=metrics,
             role="worker",
+            on_change=lambda: self._status_changed.set(),
         )
+        self.epoch = self.sync.epoch
         # request ids abandoned by their gateway (bounded, oldest first) and live work per request
         self._cancelled: OrderedDict[str, None] = OrderedDict()
         self._active: dict[str, set[anyio.CancelScope]] = {}
@@ -168,13 +163,11 @@ class WorkerRole:
         )
         preload = [self.registry.resolve(m)[0] for m in s.preload]  # unknown id: fail at start
         cancels = await self.bus.subscribe(CANCEL_WILDCARD)
-        deltas = await self.bus.subscribe(config_subject(s.bundle))
         async with anyio.create_task_group() as tg:
             await tg.start(self.models.run)
             tg.start_soon(self._heartbeats)
             tg.start_soon(self._read_cancels, cancels)
-            tg.start_soon(self._read_deltas, deltas)
-            await tg.start(self.sync.run)
+            await tg.start(run_config_sync, self.bus, self.sync, config_subject(s.bundle))
             task_status.started()
             for entry in preload:
                 try:
@@ -184,10 +177,6 @@ class WorkerRole:
             self.ready = True
             self._status_changed.set()
             await self._pull_loop(consumer, tg)
-
-    async def _read_deltas(self, sub: Any) -> None:
-        async for msg in sub:
-            self.sync.handle_delta(msg.data)
 
     async def _read_cancels(self, sub: Any) -> None:
         """``work_cancel.{router_id}.{request_id}``: tombstone the request, stop its items."""

@@ -14,12 +14,11 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import BUNDLES, CONFIGS, ROOT, run_stack
+from tests.conftest import BUNDLES, CONFIGS, ROOT, post_until_ok, run_stack, wait_for
 from tests.e2e.test_serve import free_port, sie_bin
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -102,16 +101,6 @@ def config_proc(tmp_path: Path) -> Iterator[ConfigProcess]:
         p.kill()
 
 
-def wait_for(pred: Any, timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = pred()
-        if got:
-            return got
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.1)
-
-
 def test_restart_keeps_acknowledged_writes_and_the_poller_converges(
     config_proc: ConfigProcess,
 ) -> None:
@@ -169,19 +158,9 @@ def test_restart_keeps_acknowledged_writes_and_the_poller_converges(
         )
         wait_for(lambda: gw_epoch() >= last + 1)
         assert "acme/c" in gw.registry.snapshot.configs
-        r = wait_for(
-            lambda: (
-                x
-                if (
-                    x := httpx.post(
-                        f"{stack.base_url}/v1/encode/acme/c",
-                        json={"items": [{"text": "x"}]},
-                        timeout=60,
-                    )
-                ).status_code
-                == 200
-                else None
-            )
+        r = post_until_ok(
+            f"{stack.base_url}/v1/encode/acme/c",
+            json={"items": [{"text": "x"}]},
         )
         status = wait_for(
             lambda: (

@@ -5,7 +5,6 @@ Stacks here run the gateway and config roles without a worker (no model weights)
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import pytest
 
 from sie.core.config import load_yaml
 from tests.configdata import model_yaml
-from tests.conftest import MINILM, Stack, run_stack
+from tests.conftest import MINILM, Stack, run_stack, wait_for
 
 ADMIN, USER = "admin-secret", "user-secret"
 ST_MODEL = b"""sie_id: acme/mini
@@ -49,13 +48,6 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         request_timeout_s=1.0,
     ) as s:
         yield s
-
-
-def wait_for(pred: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
 
 
 def test_write_then_read_everywhere(plain: Stack) -> None:

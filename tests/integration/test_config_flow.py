@@ -8,7 +8,6 @@ its own registry converging over the bus and the config service.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 
 from sie.core.config import parse_model_config
 from sie.core.hashing import bundle_document
-from tests.conftest import MINILM, Stack, run_stack
+from tests.conftest import MINILM, Stack, post_until_ok, run_stack, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -47,34 +46,13 @@ def cfg(stack: Stack) -> str:
     return f"http://127.0.0.1:{stack.running.config_port}"
 
 
-def wait_for(pred: Any, timeout_s: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = pred()
-        if got:
-            return got
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
-
-
 def test_posted_model_is_served_and_acked_without_restart(flow: Stack, st_model: Any) -> None:
     w = httpx.post(f"{cfg(flow)}/v1/configs/models", content=NEW_YAML)
     assert w.status_code == 201, w.text
     write_epoch = w.json()["epoch"]
     gw = flow.base_url
     text = ["served by a config written at runtime"]
-    r = wait_for(
-        lambda: (
-            x
-            if (
-                x := httpx.post(
-                    f"{gw}/v1/encode/{NEW}", json={"items": [{"text": text[0]}]}, timeout=60
-                )
-            ).status_code
-            == 200
-            else None
-        )
-    )
+    r = post_until_ok(f"{gw}/v1/encode/{NEW}", {"items": [{"text": text[0]}]})
     vec = np.array(r.json()["items"][0]["dense"]["values"], dtype=np.float32)
     assert vec.shape == (384,)
     # normalize: false in the runtime options: the raw (unnormalised) MiniLM vector
@@ -111,19 +89,9 @@ def test_appended_profile_is_served(flow: Stack) -> None:
     )
     w = httpx.post(f"{cfg(flow)}/v1/configs/models", content=body)
     assert w.status_code == 201 and w.json()["created_profiles"] == ["short"]
-    r = wait_for(
-        lambda: (
-            x
-            if (
-                x := httpx.post(
-                    f"{flow.base_url}/v1/encode/{MINILM}:short",
-                    json={"items": [{"text": "hi"}]},
-                    timeout=60,
-                )
-            ).status_code
-            == 200
-            else None
-        )
+    r = post_until_ok(
+        f"{flow.base_url}/v1/encode/{MINILM}:short",
+        json={"items": [{"text": "hi"}]},
     )
     assert len(r.json()["items"][0]["dense"]["values"]) == 384
     # appending a profile does not reload the base model (its load key is unchanged)

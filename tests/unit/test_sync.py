@@ -44,7 +44,8 @@ class Authority:
     def authority(self) -> ConfigAuthority:
         return self.role.authority
 
-    def transport(self) -> httpx.AsyncBaseTransport:
+    def transport(self, export: dict[str, Any] | None = None) -> httpx.AsyncBaseTransport:
+        """The app, recording calls; ``fail`` paths answer 503; ``export`` overrides the export."""
         inner = httpx.ASGITransport(app=self.app)
         outer = self
 
@@ -53,6 +54,8 @@ class Authority:
                 outer.calls.append(request.url.path)
                 if any(request.url.path.startswith(p) for p in outer.fail):
                     return httpx.Response(503, text="down")
+                if export is not None and request.url.path == "/v1/configs/export":
+                    return httpx.Response(200, json=export)
                 return await inner.handle_async_request(request)
 
         return T()
@@ -122,13 +125,7 @@ async def test_partial_apply_changes_no_model_and_advances_nothing() -> None:
     export = await auth.authority.export()
     export["models"].append({"model_id": "bad", "model_config": {"sie_id": "bad"}})
 
-    class T(httpx.AsyncBaseTransport):
-        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-            if request.url.path == "/v1/configs/export":
-                return httpx.Response(200, json=export)
-            return await httpx.ASGITransport(app=auth.app).handle_async_request(request)
-
-    s.transport = T()
+    s.transport = auth.transport(export=export)
     with pytest.raises(BootstrapError, match="1 of 2"):
         await s.bootstrap_once()
     assert s.epoch.get() == 0 and not s.registry.snapshot.configs and s.bundles_hash == ""
@@ -141,13 +138,7 @@ async def test_rows_without_a_body_are_skipped_not_failed() -> None:
     export = await auth.authority.export()
     export["models"].append({"model_id": "empty", "model_config": None, "raw_yaml": None})
 
-    class T(httpx.AsyncBaseTransport):
-        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-            if request.url.path == "/v1/configs/export":
-                return httpx.Response(200, json=export)
-            return await httpx.ASGITransport(app=auth.app).handle_async_request(request)
-
-    s.transport = T()
+    s.transport = auth.transport(export=export)
     out = await s.bootstrap_once()
     assert out.total == 1 and out.applied == 1
 
