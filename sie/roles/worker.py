@@ -42,6 +42,11 @@ from sie.transport.base import Bus, BusError, ConsumerConfig, JsMsg, work_stream
 
 __all__ = ["WorkerRole", "encode_batch_fn"]
 
+#: An item for a model this worker does not know yet is retried (NAK, seconds) this many
+#: deliveries while its config catches up, then fails with MODEL_NOT_FOUND.
+CONFIG_LAG_DELIVERIES = 5
+CONFIG_LAG_RETRY_S = 1.0
+
 log = logging.getLogger(__name__)
 
 #: How many abandoned request ids a worker remembers.
@@ -132,6 +137,8 @@ class WorkerRole:
             on_change=lambda: self._status_changed.set(),
         )
         self.epoch = self.sync.epoch
+        self._resync_lock = anyio.Lock()
+        self._last_resync = 0.0
         # request ids abandoned by their gateway (bounded, oldest first) and live work per request
         self._cancelled: OrderedDict[str, None] = OrderedDict()
         self._active: dict[str, set[anyio.CancelScope]] = {}
@@ -236,6 +243,13 @@ class WorkerRole:
             await msg.ack()  # abandoned by its gateway: drop before any work (§8)
             self.metrics.work_items.labels(item.model_id, "cancelled").inc()
             return
+        if not self._serves(item.model_id) and msg.num_delivered < CONFIG_LAG_DELIVERIES:
+            # The gateway routed a model this worker has not heard of yet: most likely a
+            # config write whose delta has not reached us. Resync and retry shortly
+            # rather than failing the request with a 404 (architecture §4.2).
+            await self._resync_soon()
+            await msg.nak(CONFIG_LAG_RETRY_S)
+            return
         t0 = time.monotonic()
         scope = anyio.CancelScope()
         self._active.setdefault(item.request_id, set()).add(scope)
@@ -282,6 +296,20 @@ class WorkerRole:
             error_code=code,
             worker_id=self.worker_id,
         )
+
+    def _serves(self, model_id: str) -> bool:
+        entry = self.registry.snapshot.entries.get(model_id)
+        return entry is not None and self.settings.bundle in entry.bundles
+
+    async def _resync_soon(self) -> None:
+        """One config poll at most per ``CONFIG_LAG_RETRY_S``, shared by all waiting items."""
+        if self.sync.base_url is None or self._resync_lock.locked():
+            return
+        async with self._resync_lock:
+            if time.monotonic() - self._last_resync < CONFIG_LAG_RETRY_S:
+                return
+            self._last_resync = time.monotonic()
+            await self.sync.poll_once()
 
     def _entry(self, item: WorkItem) -> ModelEntry:
         entry = self.registry.snapshot.entries.get(item.model_id)

@@ -8,6 +8,7 @@ its own registry converging over the bus and the config service.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -171,3 +172,28 @@ def test_worker_with_stale_hash_is_pending(flow: Stack) -> None:
     row = status["bundles"][0]
     assert row["acked"] is False and status["all_bundles_acked"] is False
     assert "zz-case" not in row["pending_workers"] + row["acked_workers"]  # exact bundle match only
+
+
+def test_worker_behind_the_gateway_retries_instead_of_404(flow: Stack) -> None:
+    """The gateway knows a model the worker has not heard of (a delta lost on the worker's
+    side): the worker NAKs, resyncs from the config role, then serves it (§4.2)."""
+    run = flow.running
+    assert run.config is not None and run.worker is not None and run.gateway is not None
+    run.worker.sync.poll_interval_s = 3600.0  # the worker's own poller will not help...
+    time.sleep(2 * flow.settings.config_poll_interval_s)  # ...once its current sleep ends
+    publisher = run.config.authority.publisher
+    run.config.authority.publisher = None  # no deltas: only pollers can learn of the write
+    try:
+        w = httpx.post(
+            f"{cfg(flow)}/v1/configs/models", content=NEW_YAML.replace(NEW.encode(), b"acme/lagged")
+        )
+        assert w.status_code == 201, w.text
+        wait_for(lambda: "acme/lagged" in run.gateway.registry.snapshot.configs)
+        assert "acme/lagged" not in run.worker.registry.snapshot.configs
+        r = httpx.post(
+            f"{flow.base_url}/v1/encode/acme/lagged", json={"items": [{"text": "x"}]}, timeout=60
+        )
+        assert r.status_code == 200, r.text
+        assert "acme/lagged" in run.worker.registry.snapshot.configs
+    finally:
+        run.config.authority.publisher = publisher
