@@ -132,6 +132,16 @@ def test_gateway_is_read_only(plain: Stack) -> None:
     assert httpx.get(f"{gw}/v1/configs/epoch").status_code == 404
 
 
+def test_status_suffix_dispatch(plain: Stack) -> None:
+    gw = plain.base_url
+    st = httpx.get(f"{gw}/v1/configs/models/{MINILM}/status").json()
+    assert st["model_id"] == MINILM and st["all_bundles_acked"] is False  # no worker here
+    assert st["bundles"][0]["total_eligible_workers"] == 0
+    # an unknown "{id}/status" falls back to reading the whole path as an id: 404
+    r = httpx.get(f"{gw}/v1/configs/models/no/such/status")
+    assert r.status_code == 404 and r.json()["detail"]["code"] == "MODEL_NOT_FOUND"
+
+
 @pytest.mark.parametrize(
     ("body", "status", "code"),
     [
