@@ -101,3 +101,13 @@ def test_config_role_matrix() -> None:
     assert config_decision(AuthPolicy(), "POST", "/v1/configs/models", None) is None
     for path in ("/healthz", "/readyz", "/metrics"):
         assert config_decision(both, "GET", path, None) is None
+
+
+def test_misspelt_mode_logs_an_error_at_start(caplog: pytest.LogCaptureFixture) -> None:
+    from sie.container import Container
+    from sie.settings import ServeSettings
+
+    with caplog.at_level("WARNING"):
+        Container(ServeSettings(auth_mode="tokne", auth_token="t"))  # type: ignore[arg-type]
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert any("tokne" in r.getMessage() and "OFF" in r.getMessage() for r in errors)
