@@ -122,6 +122,13 @@ class Container:
         policy = auth_policy(settings)
         for finding in audit_auth(policy):
             (log.error if finding.startswith("error") else log.warning)("auth: %s", finding)
+        syncs = {"gateway", "worker"} & set(settings.roles)
+        if syncs and settings.inference_tokens() and not settings.admin():
+            log.warning(
+                "SIE_AUTH_TOKEN is set but SIE_ADMIN_TOKEN is not: the config role refuses "
+                "/v1/configs/export without the admin token, so %s cannot bootstrap from it",
+                " and ".join(sorted(syncs)),
+            )
         if settings.config_trust_any_producer:
             log.warning("SIE_NATS_CONFIG_TRUST_ANY_PRODUCER is on: any config delta is applied")
 

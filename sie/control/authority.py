@@ -30,8 +30,15 @@ from typing import Any, Protocol
 import anyio
 
 from sie.control.idempotency import IdempotencyCache, Reply
-from sie.control.store import ConfigStore, model_file_name
-from sie.core.config import DEFAULT_PROFILE, dump_yaml, load_yaml, validate_model_id
+from sie.control.store import ConfigStore
+from sie.core.config import (
+    DEFAULT_PROFILE,
+    ModelConfig,
+    dump_yaml,
+    load_yaml,
+    parse_model_config,
+    validate_model_id,
+)
 from sie.core.epoch import ConfigEpoch
 from sie.core.errors import (
     ParseError,
@@ -183,15 +190,13 @@ class ConfigAuthority:
         sie_id = doc.get("sie_id")
         if isinstance(sie_id, str):
             validate_model_id(sie_id)
-            if self.store is not None:
-                model_file_name(sie_id)
         return doc
 
     async def _write(self, body: bytes) -> Reply:
         registry = self.require_registry()
         doc = self._prevalidate(body)
         async with self.lock:
-            plan = registry.plan_write(doc)
+            plan = registry.plan_write(doc, await self._stored(registry, doc.get("sie_id")))
             if not plan.created:
                 return 200, self._reply(registry, plan, [])
             # commit: finish whatever the client does; no checkpoint between here and the
@@ -199,6 +204,21 @@ class ConfigAuthority:
             with anyio.CancelScope(shield=True):
                 reply = await self._commit(registry, plan)
             return reply
+
+    async def _stored(self, registry: ModelRegistry, sie_id: Any) -> ModelConfig | None:
+        """The stored document of a model the registry lacks (store not restored)."""
+        if self.store is None or not isinstance(sie_id, str) or sie_id in registry.snapshot.configs:
+            return None
+        text = await anyio.to_thread.run_sync(self.store.read_model, sie_id)
+        if text is None:
+            return None
+        try:
+            return parse_model_config(text.encode(), what=f"stored model {sie_id!r}")
+        except SieError as exc:
+            log.error(
+                "stored model %s is unreadable; the write replaces it: %s", sie_id, exc.message
+            )
+            return None
 
     async def _commit(self, registry: ModelRegistry, plan: MergeResult) -> Reply:
         model_id = plan.config.sie_id

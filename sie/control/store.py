@@ -26,8 +26,8 @@ from pathlib import Path
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from sie.core.config import validate_model_id
-from sie.core.errors import InvalidModelId, StoreUnavailable
+from sie.core.config import load_yaml, validate_model_id
+from sie.core.errors import ConfigError, ContentConflict, StoreUnavailable
 
 __all__ = ["ConfigStore", "model_file_name"]
 
@@ -37,18 +37,25 @@ _EPOCH_HEADER = re.compile(rb"\A# sie-epoch: (\d+)\n")
 
 
 def model_file_name(model_id: str) -> str:
-    """``org/model`` → ``org__model.yaml``.
+    """``org/model`` → ``org__model.yaml`` (architecture §9).
+
+    Ids never contain ``__``, but ``a_/b`` and ``a/_b`` still share a file name:
+    ``write_model`` refuses the second one, and listings read ids from file content.
 
     Raises:
-        InvalidModelId: an invalid id, or one containing ``__`` (it would not
-            round-trip through the file name).
+        InvalidModelId: an invalid id.
     """
     validate_model_id(model_id)
-    if "__" in model_id:
-        raise InvalidModelId(
-            f"sie_id {model_id!r}: '__' is reserved by the config store", field="sie_id"
-        )
     return model_id.replace("/", "__") + ".yaml"
+
+
+def _stored_id(data: bytes) -> str | None:
+    """The ``sie_id`` a stored file holds, or None if unreadable."""
+    try:
+        sie_id = load_yaml(data, what="stored model").get("sie_id")
+    except ConfigError:
+        return None
+    return sie_id if isinstance(sie_id, str) else None
 
 
 class ConfigStore:
@@ -102,8 +109,17 @@ class ConfigStore:
             InvalidModelId: see ``model_file_name``.
             StoreUnavailable: the write failed (the old file, if any, is intact).
         """
-        data = f"# sie-epoch: {epoch}\n".encode() + yaml_text.encode()
-        self._write(self._path("models", model_file_name(model_id)), data)
+        path = self._path("models", model_file_name(model_id))
+        current = self._read(path)
+        owner = _stored_id(current) if current is not None else None
+        if owner is not None and owner != model_id:
+            raise ContentConflict(
+                f"sie_id {model_id!r} maps to the same store file as the stored model "
+                f"{owner!r}; choose another id",
+                field="sie_id",
+                conflicting_model=owner,
+            )
+        self._write(path, f"# sie-epoch: {epoch}\n".encode() + yaml_text.encode())
 
     def read_model(self, model_id: str) -> str | None:
         """The stored YAML (without the epoch stamp), or None."""
@@ -135,20 +151,21 @@ class ConfigStore:
             if str(n).endswith(".yaml") and not str(n).rsplit("/", 1)[-1].startswith(".")
         )
 
-    def list_models(self) -> list[str]:
-        """Stored model ids (``__`` mapped back to ``/``), sorted."""
-        return [
-            n.rsplit("/", 1)[-1][: -len(".yaml")].replace("__", "/") for n in self._model_files()
-        ]
-
     def load_all(self) -> list[tuple[str, str]]:
-        """``[(model_id, yaml_text)]`` for every stored model (for restore)."""
+        """``[(model_id, yaml_text)]`` for every stored model (for restore), sorted by id.
+        The id is the file's ``sie_id`` (the file name when it has none)."""
         out = []
-        for model_id in self.list_models():
-            text = self.read_model(model_id)
-            if text is not None:
-                out.append((model_id, text))
-        return out
+        for f in self._model_files():
+            data = self._read(f)
+            if data is None:
+                continue
+            fallback = f.rsplit("/", 1)[-1][: -len(".yaml")].replace("__", "/")
+            out.append((_stored_id(data) or fallback, _EPOCH_HEADER.sub(b"", data).decode()))
+        return sorted(out)
+
+    def list_models(self) -> list[str]:
+        """Stored model ids, sorted."""
+        return [model_id for model_id, _ in self.load_all()]
 
     # -- epoch ---------------------------------------------------------------------------
 

@@ -42,15 +42,29 @@ DEFAULT_PROFILE = "default"
 DEFAULT_POOL = "default"
 
 
+MAX_MODEL_ID_CHARS = 256
+PROFILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
 def validate_model_id(model_id: str) -> str:
-    """Check a model id (architecture §3, ``_validate_model_id``).
+    """Check a model id (architecture §3 ``_validate_model_id``, tightened).
+
+    Rules: ``^[a-zA-Z0-9][a-zA-Z0-9._/-]*$``; no ``..`` or ``\\``; not ``status`` and not
+    ending in ``/status``; plus ours: at most 256 characters, no empty or ``.`` path
+    segment (``a//b``, ``a/``, ``a/.``), and no ``__`` (reserved: the config store maps
+    ``/`` to ``__``) — the same rules with or without a store.
 
     Raises:
-        ConfigError: on ``..``/``\\``, a regex mismatch, or ``status``/``*/status``.
+        InvalidModelId: naming the rule broken (400).
     """
     if ".." in model_id or "\\" in model_id:
         raise InvalidModelId(
             f"sie_id {model_id!r}: path traversal ('..' or '\\') is not allowed", field="sie_id"
+        )
+    if len(model_id) > MAX_MODEL_ID_CHARS:
+        raise InvalidModelId(
+            f"sie_id: {len(model_id)} characters exceeds the limit of {MAX_MODEL_ID_CHARS}",
+            field="sie_id",
         )
     if not MODEL_ID_RE.match(model_id):
         raise InvalidModelId(
@@ -58,6 +72,15 @@ def validate_model_id(model_id: str) -> str:
         )
     if model_id == "status" or model_id.endswith("/status"):
         raise InvalidModelId(f"sie_id {model_id!r} must not be or end in 'status'", field="sie_id")
+    if any(seg in ("", ".") for seg in model_id.split("/")):
+        raise InvalidModelId(
+            f"sie_id {model_id!r}: empty or '.' path segments are not allowed", field="sie_id"
+        )
+    if "__" in model_id:
+        raise InvalidModelId(
+            f"sie_id {model_id!r}: '__' is reserved (the config store maps '/' to '__')",
+            field="sie_id",
+        )
     return model_id
 
 
@@ -79,7 +102,7 @@ class Inputs(_Strict):
 
 
 class DenseTask(_Strict):
-    dim: int = Field(gt=0)
+    dim: int = Field(gt=0, le=2**20, strict=True)
     matryoshka: bool = False
 
 
@@ -88,7 +111,7 @@ class SparseTask(_Strict):
 
 
 class MultivectorTask(_Strict):
-    dim: int = Field(gt=0)
+    dim: int = Field(gt=0, le=2**20, strict=True)
 
 
 class EncodeTask(_Strict):
@@ -113,7 +136,7 @@ class Profile(_Strict):
 
     extends: str | None = None
     adapter_path: str | None = None
-    max_batch_tokens: int | None = Field(default=None, gt=0)
+    max_batch_tokens: int | None = Field(default=None, gt=0, le=2**31, strict=True)
     compute_precision: Literal["float16", "bfloat16", "float32"] | None = None
     adapter_options: AdapterOptions | None = None
     adaptive_batching: dict[str, float] | None = None
@@ -151,7 +174,7 @@ class ModelConfig(_Strict):
     package_backed: bool = False
     inputs: Inputs = Field(default_factory=Inputs)
     tasks: Tasks
-    max_sequence_length: int | None = Field(default=None, gt=0)
+    max_sequence_length: int | None = Field(default=None, gt=0, le=2**31, strict=True)
     profiles: dict[str, Profile]
     pool: str | None = None
 
@@ -184,10 +207,8 @@ class ModelConfig(_Strict):
         if DEFAULT_PROFILE not in self.profiles:
             raise ValueError("profiles must contain 'default'")
         for name, p in self.profiles.items():
-            if ":" in name or not name:
-                raise ValueError(
-                    f"profiles.{name}: profile names must be non-empty and contain no ':'"
-                )
+            if not PROFILE_RE.match(name):
+                raise ValueError(f"profiles.{name}: profile names must match {PROFILE_RE.pattern}")
             if p.extends is None:
                 if p.adapter_path is None or p.max_batch_tokens is None:
                     raise ValueError(
@@ -306,7 +327,10 @@ def _check_plain(value: Any, path: str, budget: list[int], active: set[int]) -> 
         if isinstance(value, dict):
             for k, v in value.items():
                 if not isinstance(k, str):
-                    raise ParseError(f"{path}: mapping key {k!r} must be a string", field=path)
+                    raise ParseError(
+                        f"{path or '(top level)'}: mapping key {k!r} must be a string",
+                        field=path or "body",
+                    )
                 _check_plain(v, f"{path}.{k}" if path else k, budget, active)
         else:
             for i, v in enumerate(value):
@@ -351,12 +375,18 @@ def dump_yaml(data: dict[str, Any]) -> str:
 def _explain(exc: ValidationError, what: str) -> ConfigError:
     parts = []
     for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        loc = ".".join(str(x) for x in err["loc"])
+        msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             parts.append(f"{loc}: unknown key")
         else:
-            parts.append(f"{loc}: {err['msg']}")
-    return ConfigError(f"{what}: " + "; ".join(parts), errors=parts)
+            parts.append(f"{loc}: {msg}" if loc else msg)
+    first = exc.errors()[0]["loc"] if exc.errors() else ()
+    field = ".".join(str(x) for x in first) or None
+    if field is None and parts:  # model-level checks name their path first: "profiles.x: ..."
+        m = re.match(r"^([^:]+): ", parts[0])
+        field = m.group(1) if m else None
+    return ConfigError(f"{what}: " + "; ".join(parts), errors=parts, field=field)
 
 
 def parse_model_config(

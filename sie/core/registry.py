@@ -222,14 +222,20 @@ class ModelRegistry:
             )
         return {e.profile.name: e.bundles for e in entries.values()}
 
-    def plan_write(self, incoming: dict[str, Any]) -> MergeResult:
+    def plan_write(
+        self, incoming: dict[str, Any], stored: ModelConfig | None = None
+    ) -> MergeResult:
         """Merge a write into the current config and validate it; mutates nothing.
+
+        ``stored`` is the durable document of a model the registry does not hold
+        (a store not restored at start): the write merges into it, so the
+        append-only rule holds against disk too (architecture §3 step 3.3).
 
         Raises:
             ValidationFailed, ContentConflict: see ``merge_model_write``.
             UnroutableModel: a created profile (or the new model) has no bundle.
         """
-        existing = self._snapshot.configs.get(str(incoming.get("sie_id")))
+        existing = self._snapshot.configs.get(str(incoming.get("sie_id"))) or stored
         result = merge_model_write(existing, incoming)
         if result.created:
             self.validate_model_config(result.config, result.created)

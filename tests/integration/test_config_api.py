@@ -262,7 +262,7 @@ CONFIG_ROUTES: list[tuple[str, str, dict[str, Any]]] = [
     ("GET", "/v1/configs/export", {"none": 401, "user": 403, "admin": OK, "wrong": 403}),
     ("GET", "/healthz", {"none": OK, "user": OK, "admin": OK, "wrong": OK}),
     ("GET", "/readyz", {"none": OK, "user": OK, "admin": OK, "wrong": OK}),
-    ("GET", "/metrics", {"none": OK, "user": OK, "admin": OK, "wrong": OK}),
+    ("GET", "/metrics", {"none": 401, "user": OK, "admin": OK, "wrong": 403}),
 ]
 
 
@@ -326,3 +326,40 @@ def test_only_inference_token_refuses_all_config_writes() -> None:
             ).status_code
             == 200
         )
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (model_yaml(unknown_key=1), "unknown_key"),
+        (
+            model_yaml(profiles={"default": {"adapter_path": "a.b:C", "max_batch_tokens": True}}),
+            "profiles.default.max_batch_tokens",
+        ),
+        (
+            model_yaml(
+                profiles={
+                    "default": {"adapter_path": "a.b:C", "max_batch_tokens": 1},
+                    "x": {"extends": "nope"},
+                }
+            ),
+            "profiles.x.extends",
+        ),
+        (
+            model_yaml(
+                profiles={
+                    "default": {"adapter_path": "a.b:C", "max_batch_tokens": 1},
+                    "a b": {"extends": "default"},
+                }
+            ),
+            "profiles.a b",
+        ),
+        (b"1: x\n", "body"),
+        (model_yaml("acme/" + "a" * 300), "sie_id"),
+        (model_yaml("acme//x"), "sie_id"),
+    ],
+)
+def test_validation_errors_name_the_field(plain: Stack, body: bytes, field: str) -> None:
+    r = httpx.post(f"{cfg_url(plain)}/v1/configs/models", content=body)
+    assert 400 <= r.status_code < 500, r.text
+    assert r.json()["detail"]["field"] == field, r.text

@@ -185,3 +185,11 @@ def test_length_bucketed_batches_match_sentence_transformers(
     assert len(engine._chunks(texts)) > 1  # the split really happens
     got = engine.encode(texts, **kw)["dense"]
     np.testing.assert_allclose(got, st_model.encode(texts), atol=1e-5)  # type: ignore[attr-defined]
+
+
+def test_declared_dim_must_match_the_weights() -> None:
+    doc = (CONFIGS / "sentence-transformers__all-MiniLM-L6-v2.yaml").read_text()
+    cfg = parse_model_config(doc.replace("dim: 384", "dim: 123"))
+    e = DenseEncoder(cfg, cfg.resolve_profile(), "cpu")
+    with pytest.raises(ModelLoadFailed, match=r"dim is 123 but the weights produce 384"):
+        e.load()

@@ -99,8 +99,9 @@ def test_config_role_matrix() -> None:
     assert config_decision(user_only, "GET", "/v1/configs/models", "user") is None
     # neither: open (dev only)
     assert config_decision(AuthPolicy(), "POST", "/v1/configs/models", None) is None
-    for path in ("/healthz", "/readyz", "/metrics"):
+    for path in ("/healthz", "/readyz"):
         assert config_decision(both, "GET", path, None) is None
+    assert isinstance(config_decision(both, "GET", "/metrics", None), Unauthorized)
 
 
 def test_misspelt_mode_logs_an_error_at_start(caplog: pytest.LogCaptureFixture) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from sie.control.authority import ConfigAuthority
 from sie.control.store import ConfigStore
+from sie.core.epoch import ConfigEpoch
 from sie.core.errors import (
     ContentConflict,
     IdempotencyMismatch,
@@ -403,3 +404,39 @@ async def test_eviction_between_wake_and_read_is_not_reexecuted(bus: MemoryBus) 
     assert calls == 1 and statuses == [200, 201]
     replay = next(r for r in out if r[0] == 200)
     assert replay[1]["error"] == "idempotent_replay_evicted"
+
+
+async def test_store_not_restored_still_enforces_append_only(bus: MemoryBus) -> None:
+    """A restart without SIE_CONFIG_RESTORE must not let a write clobber the stored
+    document: writes merge into it (architecture §3 step 3.3)."""
+    first = make(bus)
+    await first.write(model_yaml(max_sequence_length=64))
+    await first.write(b"sie_id: org/m\nprofiles:\n  small:\n    extends: default\n")
+    assert first.store is not None
+    again = ConfigAuthority(
+        registry(), store=first.store, publisher=bus, epoch=ConfigEpoch(first.store.read_epoch())
+    )
+    changed = model_yaml(
+        profiles={
+            "default": {
+                "adapter_path": "sie.engines.sentence_transformers:DenseEncoder",
+                "max_batch_tokens": 7,
+            }
+        }
+    )
+    with pytest.raises(ContentConflict):
+        await again.write(changed)
+    status, body = await again.write(b"sie_id: org/m\nprofiles:\n  big:\n    extends: default\n")
+    assert status == 201 and body["created_profiles"] == ["big"] and body["epoch"] == 3
+    stored = again.store.read_model("org/m") or ""  # type: ignore[union-attr]
+    assert "small:" in stored and "big:" in stored and "max_sequence_length: 64" in stored
+    assert set(again.registry.snapshot.configs["org/m"].profiles) == {"default", "small", "big"}  # type: ignore[union-attr]
+
+
+async def test_store_file_name_collision_is_409_and_changes_nothing(bus: MemoryBus) -> None:
+    a = make(bus)
+    await a.write(model_yaml("acme_/x"))
+    before = state(a)
+    with pytest.raises(ContentConflict):
+        await a.write(model_yaml("acme/_x"))
+    assert state(a) == before
