@@ -56,7 +56,7 @@ def test_posted_model_is_served_and_acked_without_restart(flow: Stack, st_model:
     r = post_until_ok(f"{gw}/v1/encode/{NEW}", {"items": [{"text": text[0]}]})
     vec = np.array(r.json()["items"][0]["dense"]["values"], dtype=np.float32)
     assert vec.shape == (384,)
-    # normalize: false in the runtime options: the raw (unnormalised) MiniLM vector
+    # the runtime options reach the engine (MiniLM's own pipeline still normalises)
     raw = st_model.encode(text, normalize_embeddings=False)[0]
     np.testing.assert_allclose(vec, raw, atol=1e-4)
     status = wait_for(
