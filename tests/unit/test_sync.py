@@ -352,3 +352,32 @@ def test_unknown_fields_and_producer_id_alias_are_accepted() -> None:
 def test_settings_reach_the_sync() -> None:
     st = ServeSettings(config_trusted_producers="a,b", config_poll_interval_s=2)  # type: ignore[arg-type]
     assert st.config_trusted_producers == ("a", "b") and st.config_poll_interval_s == 2
+
+
+async def test_degraded_after_five_minutes_of_failure_even_below_ten_attempts() -> None:
+    import time
+
+    auth = Authority()
+    s = auth.sync()
+    auth.fail = {"/v1/configs/epoch"}
+    with pytest.raises(BootstrapError):
+        await s.bootstrap_once()
+    s._record_failure(BootstrapError("x"))
+    assert s.failures == 1 and not s.degraded
+    s._first_failure = time.monotonic() - 301  # sustained failure for over 5 minutes
+    s._record_failure(BootstrapError("x"))
+    assert s.failures == 2 and s.degraded
+
+
+async def test_poller_skips_its_first_tick() -> None:
+    import anyio
+
+    auth = Authority()
+    s = auth.sync(poll_interval_s=0.3)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(s.run_poller)
+        await anyio.sleep(0.15)
+        assert auth.calls == []  # no poll at start: the bootstrap attempt goes first
+        await anyio.sleep(0.3)
+        assert auth.calls and auth.calls[0] == "/v1/configs/epoch"
+        tg.cancel_scope.cancel()
