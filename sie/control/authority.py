@@ -41,6 +41,7 @@ from sie.core.config import (
 )
 from sie.core.epoch import ConfigEpoch
 from sie.core.errors import (
+    ContentConflict,
     ParseError,
     PayloadTooLarge,
     PublisherUnavailable,
@@ -196,29 +197,47 @@ class ConfigAuthority:
         registry = self.require_registry()
         doc = self._prevalidate(body)
         async with self.lock:
-            plan = registry.plan_write(doc, await self._stored(registry, doc.get("sie_id")))
+            plan = registry.plan_write(doc, await self._stored(doc.get("sie_id")))
             if not plan.created:
                 return 200, self._reply(registry, plan, [])
+            # the registry must accept the merged document as it stands now: checked
+            # before anything is persisted, so a refusal leaves the store untouched
+            registry.plan_write(document_of(plan.config))
             # commit: finish whatever the client does; no checkpoint between here and the
             # return, so a deferred cancellation cannot lose the committed reply
             with anyio.CancelScope(shield=True):
                 reply = await self._commit(registry, plan)
             return reply
 
-    async def _stored(self, registry: ModelRegistry, sie_id: Any) -> ModelConfig | None:
-        """The stored document of a model the registry lacks (store not restored)."""
-        if self.store is None or not isinstance(sie_id, str) or sie_id in registry.snapshot.configs:
+    async def _stored(self, sie_id: Any) -> ModelConfig | None:
+        """The model's stored document, if the store holds one.
+
+        Raises:
+            ContentConflict: the file for ``sie_id`` belongs to another model (the
+                ``/`` → ``__`` mapping collides) or cannot be read: refusing is safer
+                than overwriting acknowledged profiles.
+        """
+        if self.store is None or not isinstance(sie_id, str):
             return None
         text = await anyio.to_thread.run_sync(self.store.read_model, sie_id)
         if text is None:
             return None
         try:
-            return parse_model_config(text.encode(), what=f"stored model {sie_id!r}")
+            stored = parse_model_config(text.encode(), what=f"stored model {sie_id!r}")
         except SieError as exc:
-            log.error(
-                "stored model %s is unreadable; the write replaces it: %s", sie_id, exc.message
+            raise ContentConflict(
+                f"the stored document for {sie_id!r} cannot be read ({exc.message}); "
+                "repair the store before writing to this model",
+                field="sie_id",
+            ) from exc
+        if stored.sie_id != sie_id:
+            raise ContentConflict(
+                f"sie_id {sie_id!r} maps to the same store file as the stored model "
+                f"{stored.sie_id!r}; choose another id",
+                field="sie_id",
+                conflicting_model=stored.sie_id,
             )
-            return None
+        return stored
 
     async def _commit(self, registry: ModelRegistry, plan: MergeResult) -> Reply:
         model_id = plan.config.sie_id

@@ -102,7 +102,7 @@ def parse_model_spec(spec: str) -> tuple[str | None, str]:
     Raises:
         InvalidInput: not of that shape (400, field ``model``).
     """
-    m = _SPEC.match(spec.strip())
+    m = _SPEC.fullmatch(spec.strip())
     if m is None:
         raise InvalidInput(
             f"model: {spec!r} is not of the form '[bundle:/]org/model[:profile]'", field="model"

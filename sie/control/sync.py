@@ -354,6 +354,11 @@ class ConfigSync:
             log.warning("config delta for %s rejected: %s", cfg.sie_id, exc.message)
             return "rejected"
         self.epoch.set_max(note.epoch)
+        # Hash parity (§7): once applied, our own fingerprints are what the authority
+        # advertises for the same state, so the next poll need not re-export.
+        snap = self.registry.snapshot
+        self.bundles_hash = snap.bundles_hash()
+        self.bundle_config_hashes_hash = snap.bundle_config_hashes_hash()
         if result.created and self.on_change is not None:
             self.on_change()
         return "applied"

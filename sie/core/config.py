@@ -66,7 +66,7 @@ def validate_model_id(model_id: str) -> str:
             f"sie_id: {len(model_id)} characters exceeds the limit of {MAX_MODEL_ID_CHARS}",
             field="sie_id",
         )
-    if not MODEL_ID_RE.match(model_id):
+    if not MODEL_ID_RE.fullmatch(model_id):
         raise InvalidModelId(
             f"sie_id {model_id!r} must match {MODEL_ID_RE.pattern}", field="sie_id"
         )
@@ -90,7 +90,8 @@ def adapter_module(adapter_path: str) -> str:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no "yes" → True, no true → 1; allow_inf_nan=False: no "1e999" → inf
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class Inputs(_Strict):
@@ -107,7 +108,7 @@ class DenseTask(_Strict):
 
 
 class SparseTask(_Strict):
-    dim: int | None = Field(default=None, gt=0)
+    dim: int | None = Field(default=None, gt=0, le=2**31)
 
 
 class MultivectorTask(_Strict):
@@ -191,7 +192,7 @@ class ModelConfig(_Strict):
     def _valid_pool(cls, v: str | None) -> str | None:
         if v is None or v == "":
             return None
-        if not POOL_RE.match(v):
+        if not POOL_RE.fullmatch(v):
             raise ValueError(f"pool {v!r} must match {POOL_RE.pattern}")
         return v.lower()
 
@@ -207,7 +208,7 @@ class ModelConfig(_Strict):
         if DEFAULT_PROFILE not in self.profiles:
             raise ValueError("profiles must contain 'default'")
         for name, p in self.profiles.items():
-            if not PROFILE_RE.match(name):
+            if not PROFILE_RE.fullmatch(name):
                 raise ValueError(f"profiles.{name}: profile names must match {PROFILE_RE.pattern}")
             if p.extends is None:
                 if p.adapter_path is None or p.max_batch_tokens is None:
@@ -297,7 +298,7 @@ class Bundle(_Strict):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, v: str) -> str:
-        if not POOL_RE.match(v):
+        if not POOL_RE.fullmatch(v):
             raise ValueError(f"bundle name {v!r} must match {POOL_RE.pattern}")
         return v
 
@@ -310,6 +311,8 @@ def _yaml() -> YAML:
 
 #: Most values a config document may expand to (YAML aliases can multiply a small text).
 MAX_YAML_NODES = 200_000
+#: Deepest nesting a config document may have.
+MAX_YAML_DEPTH = 32
 
 
 def _check_plain(value: Any, path: str, budget: list[int], active: set[int]) -> None:
@@ -321,6 +324,11 @@ def _check_plain(value: Any, path: str, budget: list[int], active: set[int]) -> 
             f"document expands to more than {MAX_YAML_NODES} values (alias bomb?)", field="body"
         )
     if isinstance(value, (dict, list)):
+        if len(active) >= MAX_YAML_DEPTH:
+            raise ParseError(
+                f"{path or '(top level)'}: nested deeper than {MAX_YAML_DEPTH} levels",
+                field=path or "body",
+            )
         if id(value) in active:
             raise ParseError(f"{path or '(top level)'}: recursive YAML alias", field=path or "body")
         active.add(id(value))

@@ -6,8 +6,10 @@ deltas, worker deltas, restore) use the same rules, so they cannot disagree:
 - a profile name not yet present is **created**;
 - a profile name already present with identical content is **skipped**;
 - a profile name already present with different content is a **conflict** (409);
-- a top-level field not yet set is added; one set to the same value is kept; one
-  set to a different value is a **conflict** (409) — metadata is append-only too;
+- a top-level field equal to its current *effective* value (set, or the default when
+  unset) is kept; any other value is a **conflict** (409): metadata is append-only too,
+  and setting a field that was left at its default (e.g. ``pool``) would change how
+  the existing profiles are served;
 - fields the write omits are preserved.
 
 "Identical" compares the profile as validated, with ``adapter_options`` whose
@@ -26,7 +28,16 @@ from sie.core.config import ModelConfig, Profile, parse_model_config
 from sie.core.errors import ConfigError, ContentConflict, ValidationFailed
 from sie.core.hashing import canonicalize_adapter_options
 
-__all__ = ["MergeResult", "canonical_profile", "document_of", "merge_model_write"]
+__all__ = [
+    "MAX_PROFILES",
+    "MergeResult",
+    "canonical_profile",
+    "document_of",
+    "merge_model_write",
+]
+
+#: Most profiles one model may have (bounds write cost and registry size).
+MAX_PROFILES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +67,11 @@ def canonical_profile(profile: Profile) -> dict[str, Any]:
     return doc
 
 
+def _effective(config: ModelConfig, key: str) -> Any:
+    """A top-level field's value as served (an unset ``pool`` is ``default``)."""
+    return config.effective_pool if key == "pool" else getattr(config, key)
+
+
 def _as_validation(exc: ConfigError) -> ValidationFailed:
     if isinstance(exc, ValidationFailed):
         return exc
@@ -79,6 +95,12 @@ def merge_model_write(existing: ModelConfig | None, incoming: dict[str, Any]) ->
         raise ValidationFailed(
             "profiles: required (a non-empty mapping of profile name to profile)",
             field="profiles",
+        )
+    if len(profiles) > MAX_PROFILES or (
+        existing is not None and len(set(existing.profiles) | set(profiles)) > MAX_PROFILES
+    ):
+        raise ValidationFailed(
+            f"profiles: a model has at most {MAX_PROFILES} profiles", field="profiles"
         )
     if existing is None:
         try:
@@ -111,15 +133,16 @@ def merge_model_write(existing: ModelConfig | None, incoming: dict[str, Any]) ->
     for key, value in incoming.items():
         if key in ("sie_id", "profiles"):
             continue
-        if key not in base:
-            added[key] = value
-            continue
         try:  # compare as validated (e.g. pool case), not as spelled
             trial = ModelConfig.model_validate({**base, key: value})
         except ValidationError as exc:
             raise ValidationFailed(f"{key}: {exc.errors()[0]['msg']}", field=key) from exc
-        if document_of(trial).get(key) != base[key]:
+        # Against the *effective* value: a field left unset means its default, and setting
+        # it now (e.g. ``pool``) would change how existing profiles are served.
+        if _effective(trial, key) != _effective(existing, key):
             conflicting_fields.append(key)
+        elif key not in base:
+            added[key] = value
     if conflicting_profiles or conflicting_fields:
         parts = []
         if conflicting_profiles:

@@ -227,16 +227,23 @@ class ModelRegistry:
     ) -> MergeResult:
         """Merge a write into the current config and validate it; mutates nothing.
 
-        ``stored`` is the durable document of a model the registry does not hold
-        (a store not restored at start): the write merges into it, so the
-        append-only rule holds against disk too (architecture §3 step 3.3).
+        ``stored`` is the model's durable document, when a store holds one: the write
+        merges into the union of it and the served config, so the append-only rule
+        holds against disk too, restored at start or not (architecture §3 step 3.3).
 
         Raises:
             ValidationFailed, ContentConflict: see ``merge_model_write``.
             UnroutableModel: a created profile (or the new model) has no bundle.
         """
-        existing = self._snapshot.configs.get(str(incoming.get("sie_id"))) or stored
-        result = merge_model_write(existing, incoming)
+        current = self._snapshot.configs.get(str(incoming.get("sie_id")))
+        base = current
+        if stored is not None:  # the union of what is served and what is durable
+            base = (
+                stored
+                if current is None
+                else merge_model_write(current, document_of(stored)).config
+            )
+        result = merge_model_write(base, incoming)
         if result.created:
             self.validate_model_config(result.config, result.created)
         return result

@@ -309,7 +309,7 @@ class GatewayRole:
                     field=f"items[{i}].text",
                 )
         for header, value in (("X-SIE-Pool", pool), ("X-SIE-Machine-Profile", machine_profile)):
-            if value is not None and not POOL_RE.match(value):
+            if value is not None and not POOL_RE.fullmatch(value):
                 raise InvalidInput(
                     f"{header}: {value!r} must match {POOL_RE.pattern}", field=header
                 )

@@ -15,6 +15,7 @@ import pytest
 
 from sie.control.authority import ConfigAuthority
 from sie.control.store import ConfigStore
+from sie.core.config import parse_model_config
 from sie.core.epoch import ConfigEpoch
 from sie.core.errors import (
     ContentConflict,
@@ -32,7 +33,7 @@ from sie.core.errors import (
 from sie.core.subjects import config_subject
 from sie.core.wire import ConfigNotification
 from sie.transport.memory import MemoryBus
-from tests.configdata import OTHER_BUNDLE, model_yaml, registry
+from tests.configdata import OTHER_BUNDLE, model_doc, model_yaml, registry
 
 pytestmark = pytest.mark.anyio
 
@@ -162,6 +163,26 @@ async def test_epoch_advances_without_a_store(bus: MemoryBus) -> None:
             UnroutableModel,
         ),
         (b"x" * (1024 * 1024 + 1), PayloadTooLarge),
+        (
+            b'sie_id: "acme/nl\\n"\nhf_id: x\ntasks: {encode: {dense: {dim: 8}}}\n'
+            b"profiles: {default: {adapter_path: 'sie.engines.sentence_transformers:DenseEncoder',"
+            b" max_batch_tokens: 8}}\n",
+            InvalidModelId,
+        ),
+        (
+            model_yaml(
+                profiles={
+                    "default": {
+                        "adapter_path": "sie.engines.sentence_transformers:DenseEncoder",
+                        "max_batch_tokens": 1,
+                        "adaptive_batching": {"a": "1e999"},
+                    }
+                }
+            ),
+            ValidationFailed,
+        ),
+        (model_yaml(package_backed=0), ValidationFailed),
+        (b"a: " + b"[" * 40 + b"]" * 40, ParseError),
     ],
 )
 async def test_bad_input_changes_nothing(
@@ -439,4 +460,74 @@ async def test_store_file_name_collision_is_409_and_changes_nothing(bus: MemoryB
     before = state(a)
     with pytest.raises(ContentConflict):
         await a.write(model_yaml("acme/_x"))
+    assert state(a) == before
+
+
+async def test_seeded_model_keeps_stored_profiles_after_a_restart_without_restore(
+    bus: MemoryBus,
+) -> None:
+    first = make(bus)
+    seed = parse_model_config(model_doc())
+    assert first.registry is not None
+    first.registry.add_model_config(seed, "filesystem")
+    await first.write(
+        b"sie_id: org/m\nprofiles:\n  extra1:\n    extends: default\n    max_batch_tokens: 512\n"
+    )
+    assert first.store is not None
+    restarted = registry()
+    restarted.add_model_config(seed, "filesystem")  # the seed again, no restore
+    again = ConfigAuthority(
+        restarted, store=first.store, publisher=bus, epoch=ConfigEpoch(first.store.read_epoch())
+    )
+    changed = (
+        b"sie_id: org/m\nprofiles:\n  extra1:\n    extends: default\n    max_batch_tokens: 9\n"
+    )
+    with pytest.raises(ContentConflict):
+        await again.write(changed)
+    status, _ = await again.write(b"sie_id: org/m\nprofiles:\n  extra2:\n    extends: default\n")
+    assert status == 201
+    stored = first.store.read_model("org/m") or ""
+    assert "extra1:" in stored and "extra2:" in stored
+
+
+async def test_collision_cannot_add_profiles_to_another_model(bus: MemoryBus) -> None:
+    a = make(bus)
+    await a.write(model_yaml("x_/b"))
+    before = state(a)
+    hijack = model_yaml("x/_b").replace(
+        b"profiles:\n", b"profiles:\n  hijack:\n    extends: default\n", 1
+    )
+    with pytest.raises(ContentConflict, match="same store file"):
+        await a.write(hijack)
+    assert state(a) == before
+
+
+async def test_unreadable_stored_document_blocks_the_write(bus: MemoryBus) -> None:
+    a = make(bus)
+    await a.write(model_yaml())
+    assert a.store is not None
+    a.store._write(
+        a.store._path("models", "org__m.yaml"), b"# sie-epoch: 1\nsie_id: org/m\nprofiles: ["
+    )
+    before = state(a)
+    with pytest.raises(ContentConflict, match="cannot be read"):
+        await a.write(b"sie_id: org/m\nprofiles:\n  y:\n    extends: default\n")
+    assert state(a) == before
+
+
+async def test_refused_merge_leaves_the_store_untouched(bus: MemoryBus) -> None:
+    """A stored profile whose adapter no bundle lists any more: the write is refused
+    before anything is persisted (the store's epoch and files stay as they were)."""
+    a = make(bus)
+    assert a.store is not None
+    doc = model_doc("m/u")
+    doc["profiles"]["old"] = {"adapter_path": "gone.mod:X", "max_batch_tokens": 8}
+    from sie.core.config import dump_yaml
+
+    a.store.write_model("m/u", dump_yaml(doc), 1)
+    a.store.write_epoch(1)
+    a.epoch.force_set(1)
+    before = state(a)
+    with pytest.raises(UnroutableModel):
+        await a.write(b"sie_id: m/u\nprofiles:\n  y:\n    extends: default\n")
     assert state(a) == before

@@ -60,20 +60,31 @@ def test_top_level_metadata_is_append_only() -> None:
     with pytest.raises(ContentConflict) as e:
         merge_model_write(existing, {**model_doc(), "max_sequence_length": 256})
     assert e.value.fields["conflicting_fields"] == ["max_sequence_length"]
-    # a new top-level field may be introduced; the same value spelled differently is no conflict
+    default = model_doc()["profiles"]["default"]
+    # setting a field left at its default would change how existing profiles are served
+    with pytest.raises(ContentConflict) as e:
+        merge_model_write(
+            existing, {"sie_id": "org/m", "pool": "gpu", "profiles": {"x": {"extends": "default"}}}
+        )
+    assert e.value.fields["conflicting_fields"] == ["pool"]
+    # spelling out the effective value (any case) is no change
     r = merge_model_write(
-        existing,
-        {
-            "sie_id": "org/m",
-            "pool": "Tenant",
-            "profiles": {"default": model_doc()["profiles"]["default"]},
-        },
+        existing, {"sie_id": "org/m", "pool": "DEFAULT", "profiles": {"default": default}}
     )
-    assert r.config.pool == "tenant"
+    assert r.created == [] and r.skipped == ["default"]
+    tenant = parse_model_config(model_doc(pool="tenant"))
     r2 = merge_model_write(
-        r.config, {"sie_id": "org/m", "pool": "TENANT", "profiles": {"x": {"extends": "default"}}}
+        tenant, {"sie_id": "org/m", "pool": "TENANT", "profiles": {"x": {"extends": "default"}}}
     )
     assert r2.created == ["x"]
+
+
+def test_profile_count_is_bounded() -> None:
+    from sie.core.merge import MAX_PROFILES
+
+    many = {f"p{i}": {"extends": "default"} for i in range(MAX_PROFILES)}
+    with pytest.raises(ValidationFailed, match="at most"):
+        merge_model_write(parse_model_config(model_doc()), {"sie_id": "org/m", "profiles": many})
 
 
 @pytest.mark.parametrize(

@@ -381,3 +381,20 @@ async def test_poller_skips_its_first_tick() -> None:
         await anyio.sleep(0.3)
         assert auth.calls and auth.calls[0] == "/v1/configs/epoch"
         tg.cancel_scope.cancel()
+
+
+async def test_after_an_applied_delta_the_poll_is_in_sync_without_reexport() -> None:
+    auth = Authority()
+    s = auth.sync()
+    await s.bootstrap_once()
+    from sie.transport.memory import MemoryBus
+
+    async with MemoryBus() as bus:
+        auth.authority.publisher = bus
+        auth.authority.producer_id = "sie-config-0"
+        sub = await bus.subscribe("sie.config.models._all")
+        await auth.authority.write(model_yaml("org/new"))
+        assert s.handle_delta((await sub.next_msg(1)).data) == "applied"
+    auth.calls.clear()
+    assert await s.poll_once() == "in_sync"
+    assert auth.calls == ["/v1/configs/epoch"]  # no bundles/export round-trip
