@@ -53,13 +53,22 @@ from sie.core.registry import SOURCE_API, ModelRegistry
 from sie.core.subjects import config_subject
 from sie.core.wire import ConfigNotification
 
-__all__ = ["ALL_BUNDLES", "MAX_CONFIG_BODY_BYTES", "ConfigAuthority", "Publisher"]
+__all__ = [
+    "ALL_BUNDLES",
+    "MAX_CONFIG_BODY_BYTES",
+    "MAX_CONFIG_TOKENS",
+    "ConfigAuthority",
+    "Publisher",
+]
 
 log = logging.getLogger(__name__)
 audit = logging.getLogger("sie.audit")
 
 #: Body cap of ``POST /v1/configs/models`` (architecture §3 / reference §5.4): 1 MiB.
 MAX_CONFIG_BODY_BYTES = 1024 * 1024
+#: Structural items (lines, list/map items) one config body may have: parsing is pure
+#: Python, and a legitimate config (<= 256 profiles) is far below this.
+MAX_CONFIG_TOKENS = 10_000
 #: The gateways' copy of every delta: ``sie.config.models._all``.
 ALL_BUNDLES = "_all"
 
@@ -105,6 +114,7 @@ class ConfigAuthority:
         self.registry_error = registry_error
         self.idempotency = IdempotencyCache()
         self.lock = anyio.Lock()
+        self._parse_limiter = anyio.CapacityLimiter(1)
         self._on_publish = on_publish  # callable(result: str) for metrics
 
     # -- reads ---------------------------------------------------------------------------
@@ -187,6 +197,13 @@ class ConfigAuthority:
     def _prevalidate(self, body: bytes) -> dict[str, Any]:
         if not body.strip():
             raise ParseError("body: empty; send a model config YAML document", field="body")
+        tokens = sum(body.count(c) for c in (b"\n", b",", b"[", b"{"))
+        if tokens > MAX_CONFIG_TOKENS:
+            raise ParseError(
+                f"body: {tokens} lines/items exceeds the limit of {MAX_CONFIG_TOKENS} for one "
+                "model config",
+                field="body",
+            )
         doc = load_yaml(body, what="body")
         sie_id = doc.get("sie_id")
         if isinstance(sie_id, str):
@@ -195,7 +212,8 @@ class ConfigAuthority:
 
     async def _write(self, body: bytes) -> Reply:
         registry = self.require_registry()
-        doc = self._prevalidate(body)
+        # YAML parsing is pure Python: off the event loop, one document at a time
+        doc = await anyio.to_thread.run_sync(self._prevalidate, body, limiter=self._parse_limiter)
         async with self.lock:
             plan = registry.plan_write(doc, await self._stored(doc.get("sie_id")))
             if not plan.created:
@@ -254,9 +272,10 @@ class ConfigAuthority:
         return 201, self._reply(registry, plan, warnings)
 
     def _persist(self, model_id: str, yaml_text: str, new_epoch: int) -> None:
-        """Model file, then epoch file; on an epoch failure restore the old model file."""
+        """Model file, then epoch file; on an epoch failure put the old model file back
+        byte for byte (or remove the new one)."""
         assert self.store is not None
-        previous = self.store.read_model(model_id)
+        previous = self.store.read_model_raw(model_id)
         self.store.write_model(model_id, yaml_text, new_epoch)
         try:
             self.store.write_epoch(new_epoch)
@@ -265,7 +284,7 @@ class ConfigAuthority:
                 if previous is None:
                     self.store.delete_model(model_id)
                 else:
-                    self.store.write_model(model_id, previous, new_epoch - 1)
+                    self.store.write_model_raw(model_id, previous)
             except SieError:
                 log.exception("config store rollback of %s failed", model_id)
             raise

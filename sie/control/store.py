@@ -121,6 +121,14 @@ class ConfigStore:
             )
         self._write(path, f"# sie-epoch: {epoch}\n".encode() + yaml_text.encode())
 
+    def read_model_raw(self, model_id: str) -> bytes | None:
+        """The stored file exactly as on disk (epoch stamp included), or None."""
+        return self._read(self._path("models", model_file_name(model_id)))
+
+    def write_model_raw(self, model_id: str, data: bytes) -> None:
+        """Put back bytes from ``read_model_raw`` (a rollback). Raises: StoreUnavailable."""
+        self._write(self._path("models", model_file_name(model_id)), data)
+
     def read_model(self, model_id: str) -> str | None:
         """The stored YAML (without the epoch stamp), or None."""
         data = self._read(self._path("models", model_file_name(model_id)))

@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from sie.core.errors import ConfigError, InvalidModelId, ParseError
+from sie.core.errors import ConfigError, InvalidInput, InvalidModelId, ParseError
+from sie.core.templates import check_template
 
 __all__ = [
     "AdapterOptions",
@@ -42,7 +43,7 @@ DEFAULT_PROFILE = "default"
 DEFAULT_POOL = "default"
 
 
-MAX_MODEL_ID_CHARS = 256
+MAX_MODEL_ID_CHARS = 128  # with '/' → '__' and a temp suffix, store file names stay < 255 bytes
 PROFILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -50,7 +51,7 @@ def validate_model_id(model_id: str) -> str:
     """Check a model id (architecture §3 ``_validate_model_id``, tightened).
 
     Rules: ``^[a-zA-Z0-9][a-zA-Z0-9._/-]*$``; no ``..`` or ``\\``; not ``status`` and not
-    ending in ``/status``; plus ours: at most 256 characters, no empty or ``.`` path
+    ending in ``/status``; plus ours: at most 128 characters, no empty or ``.`` path
     segment (``a//b``, ``a/``, ``a/.``), and no ``__`` (reserved: the config store maps
     ``/`` to ``__``) — the same rules with or without a store.
 
@@ -127,9 +128,44 @@ class Tasks(_Strict):
     extract: dict[str, Any] | None = None
 
 
+#: Runtime options every engine understands, with their types (reference §3.1). Other
+#: keys are engine-specific and passed through.
+_RUNTIME_BOOLS = ("normalize", "is_query")
+_RUNTIME_TEMPLATES = ("query_template", "doc_template")
+
+
 class AdapterOptions(_Strict):
     loadtime: dict[str, Any] = Field(default_factory=dict)
     runtime: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("loadtime")
+    @classmethod
+    def _loadtime(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if "trust_remote_code" in v and not isinstance(v["trust_remote_code"], bool):
+            raise ValueError("loadtime.trust_remote_code must be a boolean")
+        return v
+
+    @field_validator("runtime")
+    @classmethod
+    def _runtime(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key in _RUNTIME_BOOLS:
+            if key in v and not isinstance(v[key], bool):
+                raise ValueError(f"runtime.{key} must be a boolean")
+        for key in _RUNTIME_TEMPLATES:
+            if key in v and v[key] is not None:
+                if not isinstance(v[key], str):
+                    raise ValueError(f"runtime.{key} must be a string")
+                try:
+                    check_template(v[key], field=f"runtime.{key}")
+                except InvalidInput as exc:
+                    raise ValueError(exc.message) from exc
+        if (
+            "instruction" in v
+            and v["instruction"] is not None
+            and not isinstance(v["instruction"], str)
+        ):
+            raise ValueError("runtime.instruction must be a string")
+        return v
 
 
 class Profile(_Strict):

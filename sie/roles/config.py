@@ -90,6 +90,15 @@ class ConfigRole:
         if store is not None and settings.config_restore and registry is not None:
             n = restore(registry, store)
             log.info("restored %d model config(s) from %s (epoch %d)", n, store.url, epoch.get())
+        elif store is not None and registry is not None:
+            unserved = [m for m in store.list_models() if m not in registry.snapshot.configs]
+            if unserved:
+                log.warning(
+                    "%d stored model config(s) are not served because SIE_CONFIG_RESTORE is "
+                    "off (e.g. %s); gateways will drop them at their next resync",
+                    len(unserved),
+                    ", ".join(unserved[:3]),
+                )
         self.metrics = metrics
         self.authority = ConfigAuthority(
             registry,

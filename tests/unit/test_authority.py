@@ -77,7 +77,7 @@ def make(
 def state(a: ConfigAuthority) -> tuple[Any, ...]:
     assert a.registry is not None
     snap = a.registry.snapshot
-    stored = tuple(a.store.load_all()) if a.store else ()
+    stored = tuple((m, a.store.read_model_raw(m)) for m in a.store.list_models()) if a.store else ()
     return dict(snap.configs), a.epoch.get(), stored, a.store.read_epoch() if a.store else None
 
 
@@ -182,6 +182,20 @@ async def test_epoch_advances_without_a_store(bus: MemoryBus) -> None:
             ValidationFailed,
         ),
         (model_yaml(package_backed=0), ValidationFailed),
+        (model_yaml("a/" + "b" * 127), InvalidModelId),
+        (b"a: 1\n" * 10_001, ParseError),
+        (
+            model_yaml(
+                profiles={
+                    "default": {
+                        "adapter_path": "sie.engines.sentence_transformers:DenseEncoder",
+                        "max_batch_tokens": 1,
+                        "adapter_options": {"runtime": {"query_template": "{bad}"}},
+                    }
+                }
+            ),
+            ValidationFailed,
+        ),
         (b"a: " + b"[" * 40 + b"]" * 40, ParseError),
     ],
 )
@@ -531,3 +545,18 @@ async def test_refused_merge_leaves_the_store_untouched(bus: MemoryBus) -> None:
     with pytest.raises(UnroutableModel):
         await a.write(b"sie_id: m/u\nprofiles:\n  y:\n    extends: default\n")
     assert state(a) == before
+
+
+async def test_failed_append_restores_the_stored_file_byte_for_byte(bus: MemoryBus) -> None:
+    a = make(bus)
+    await a.write(model_yaml())
+    before = state(a)
+    assert a.store is not None
+
+    def broken(epoch: int) -> None:
+        raise StoreUnavailable("disk full")
+
+    a.store.write_epoch = broken  # type: ignore[method-assign]
+    with pytest.raises(StoreUnavailable):
+        await a.write(b"sie_id: org/m\nprofiles:\n  more:\n    extends: default\n")
+    assert state(a) == before  # the epoch stamp in the model file included
