@@ -17,17 +17,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Scope
 
 from sie.control import catalog
 from sie.control.authority import MAX_CONFIG_BODY_BYTES
-from sie.core.errors import PayloadTooLarge, SieError, WireError
+from sie.core.errors import SieError
 from sie.http.auth import AuthMiddleware, AuthPolicy, config_decision
 from sie.http.errors import CatchAll, error_headers
-from sie.http.negotiation import read_payload
+from sie.http.negotiation import read_body, read_payload
 from sie.roles.config import ConfigRole
 from sie.telemetry import Metrics
 
@@ -66,27 +66,6 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 def _role(request: Request) -> ConfigRole:
     role: ConfigRole = request.app.state.role
     return role
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refusing more than ``limit`` bytes before buffering them (413)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(
-            f"body: {declared} bytes exceeds the {limit} byte limit", field="body"
-        )
-    chunks, size = [], 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"body: exceeds the {limit} byte limit", field="body")
-            chunks.append(chunk)
-    except ClientDisconnect as exc:
-        raise WireError(
-            "body: the client disconnected before sending it all", field="body"
-        ) from exc
-    return b"".join(chunks)
 
 
 async def add_model(request: Request) -> Response:

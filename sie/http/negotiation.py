@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from sie.core.errors import InvalidInput, PayloadTooLarge, WireError
 from sie.core.wire import packb, to_jsonable, unpackb
 
-__all__ = ["MSGPACK", "read_payload", "render", "validate", "wants_msgpack"]
+__all__ = ["MSGPACK", "read_body", "read_payload", "render", "validate", "wants_msgpack"]
 
 MSGPACK = "application/msgpack"
 
@@ -42,6 +42,27 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The raw body, refused (413) as soon as it exceeds ``max_bytes``, before buffering it.
+
+    Raises:
+        PayloadTooLarge: a declared or actual size over ``max_bytes`` (413).
+        WireError: the client disconnected mid-body (400 INVALID_PAYLOAD).
+    """
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > max_bytes:
+        raise PayloadTooLarge(f"request body exceeds {max_bytes} bytes", field="body")
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_bytes:
+                raise PayloadTooLarge(f"request body exceeds {max_bytes} bytes", field="body")
+    except ClientDisconnect as exc:
+        raise WireError("request body incomplete: the client disconnected", field="body") from exc
+    return bytes(body)
+
+
 async def read_payload(request: Request, max_bytes: int) -> Any:
     """Read and decode the body: msgpack when ``Content-Type`` is a msgpack type,
     otherwise JSON (UTF-8/16/32 detected, or the declared ``charset``).
@@ -51,31 +72,21 @@ async def read_payload(request: Request, max_bytes: int) -> Any:
         WireError: empty, truncated (client went away) or malformed JSON / msgpack
             (400 INVALID_PAYLOAD, field ``body``).
     """
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > max_bytes:
-        raise PayloadTooLarge(f"request body exceeds {max_bytes} bytes")
-    body = bytearray()
-    try:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > max_bytes:
-                raise PayloadTooLarge(f"request body exceeds {max_bytes} bytes")
-    except ClientDisconnect as exc:
-        raise WireError("request body incomplete: the client disconnected", field="body") from exc
+    body = await read_body(request, max_bytes)
     if not body:
         raise WireError("request body is empty", field="body")
     kind, params = _media(request.headers.get("content-type", ""))
     if kind in MSGPACK_TYPES:
         try:
-            return unpackb(bytes(body))
+            return unpackb(body)
         except WireError as exc:
             exc.fields.setdefault("field", "body")
             raise
     try:
         charset = params.get("charset", "")
-        text: str | bytes = bytes(body)
+        text: str | bytes = body
         if charset and charset.replace("-", "") not in ("utf8", "utf16", "utf32"):
-            text = bytes(body).decode(charset)
+            text = body.decode(charset)
         return json.loads(text, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError, LookupError, RecursionError) as exc:
         raise WireError(f"malformed JSON body: {exc}", field="body") from exc
