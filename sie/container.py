@@ -56,11 +56,18 @@ def build_registry(settings: ServeSettings) -> ModelRegistry:
 
 
 def build_bus(settings: ServeSettings) -> Bus:
+    """The bus named by ``--bus``: ``memory`` (one process) or ``nats`` (``SIE_NATS_URL``).
+
+    Raises:
+        ConfigError: ``nats`` without the ``nats`` extra installed.
+    """
     if settings.bus == "memory":
         return MemoryBus()
-    raise ConfigError(
-        "--bus=nats: the NATS adapter is not part of this build yet; use --bus=memory", field="bus"
-    )
+    try:
+        from sie.transport.nats import NatsBus
+    except ImportError as exc:
+        raise ConfigError(str(exc), field="bus") from exc
+    return NatsBus(settings.nats_url, name=f"sie-{'-'.join(settings.roles)}")
 
 
 @dataclass

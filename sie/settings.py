@@ -49,6 +49,8 @@ class ServeSettings(BaseModel):
     # streams (architecture §8.2)
     stream_max_age_s: float = 1800.0
     stream_max_msgs: int = 100_000
+    stream_storage: Literal["memory", "file"] = "memory"
+    stream_replicas: int = Field(default=1, ge=1, le=5)
     # worker
     max_batch_requests: int = Field(default=64, gt=0)
     max_batch_wait_ms: float = Field(default=10.0, ge=0)
@@ -153,6 +155,8 @@ ENV_VARS: dict[str, str] = {
     "SIE_DRAIN_TIMEOUT_S": "drain_timeout_s",
     "SIE_STREAM_MAX_AGE_S": "stream_max_age_s",
     "SIE_STREAM_MAX_MSGS": "stream_max_msgs",
+    "SIE_STREAM_STORAGE": "stream_storage",
+    "SIE_STREAM_REPLICAS": "stream_replicas",
     "SIE_MAX_BATCH_REQUESTS": "max_batch_requests",
     "SIE_MAX_BATCH_WAIT_MS": "max_batch_wait_ms",
     "SIE_MAX_CONCURRENT_REQUESTS": "max_inflight_items",

@@ -82,8 +82,11 @@ class Stack:
 
 
 @contextmanager
-def run_stack(**overrides: Any) -> Iterator[Stack]:
-    """Start an all-in-one (or partial) SIE in-process; stop it on exit."""
+def run_stack(*, wait_worker: bool = True, **overrides: Any) -> Iterator[Stack]:
+    """Start an all-in-one (or partial) SIE in-process; stop it on exit.
+
+    ``wait_worker``: return only once the worker is ready (attached and preloaded).
+    """
     values: dict[str, Any] = {
         "roles": ("gateway", "config", "worker"),
         "models_dir": str(CONFIGS),
@@ -100,7 +103,7 @@ def run_stack(**overrides: Any) -> Iterator[Stack]:
         shutdown = portal.call(anyio.Event)
         future, running = portal.start_task(Container(settings).run, shutdown)
         try:
-            if running.worker is not None:
+            if running.worker is not None and wait_worker:
                 deadline = time.monotonic() + 120
                 while not running.worker.ready and time.monotonic() < deadline:
                     time.sleep(0.05)
@@ -109,6 +112,17 @@ def run_stack(**overrides: Any) -> Iterator[Stack]:
         finally:
             portal.call(shutdown.set)
             future.result(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One real nats-server (JetStream, own store) for the session."""
+    from tests.natsserver import NatsServer
+
+    server = NatsServer(tmp_path_factory.mktemp("nats"))
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -253,7 +253,13 @@ class GatewayRole:
         if pool not in self._streams:
             s = self.settings
             await self.bus.add_stream(
-                work_stream_config(pool, max_msgs=s.stream_max_msgs, max_age_s=s.stream_max_age_s)
+                work_stream_config(
+                    pool,
+                    max_msgs=s.stream_max_msgs,
+                    max_age_s=s.stream_max_age_s,
+                    storage=s.stream_storage,
+                    replicas=s.stream_replicas,
+                )
             )
             self._streams.add(pool)
 

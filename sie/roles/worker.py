@@ -38,7 +38,14 @@ from sie.engines.cache import ModelCache
 from sie.roles._config_sync import build_config_sync, run_config_sync
 from sie.settings import ServeSettings
 from sie.telemetry import METRICS, Metrics
-from sie.transport.base import Bus, BusError, ConsumerConfig, JsMsg, work_stream_config
+from sie.transport.base import (
+    Bus,
+    BusError,
+    ConsumerConfig,
+    JsMsg,
+    PullConsumer,
+    work_stream_config,
+)
 
 __all__ = ["WorkerRole", "encode_batch_fn"]
 
@@ -151,23 +158,11 @@ class WorkerRole:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Ensure the stream and consumer, preload, then serve until cancelled."""
+        """Start (heartbeats, config sync), then attach the lane consumer (waiting for the
+        bus if it is not reachable yet), preload, and serve until cancelled."""
         s = self.settings
         if s.bundle not in self.registry.snapshot.bundles:
             raise SieError(f"worker bundle {s.bundle!r} is not among the loaded bundles")
-        await self.bus.add_stream(
-            work_stream_config(s.pool, max_msgs=s.stream_max_msgs, max_age_s=s.stream_max_age_s)
-        )
-        consumer = await self.bus.pull_consumer(
-            stream_name(s.pool),
-            ConsumerConfig(
-                durable=f"{s.bundle}_{s.machine_profile}",
-                filter_subject=lane_filter(s.pool, s.machine_profile, s.bundle),
-                ack_wait_s=s.ack_wait_s,
-                max_deliver=s.max_deliver,
-                max_ack_pending=max(1000, s.max_inflight_items),
-            ),
-        )
         preload = [self.registry.resolve(m)[0] for m in s.preload]  # unknown id: fail at start
         cancels = await self.bus.subscribe(CANCEL_WILDCARD)
         async with anyio.create_task_group() as tg:
@@ -176,6 +171,7 @@ class WorkerRole:
             tg.start_soon(self._read_cancels, cancels)
             await tg.start(run_config_sync, self.bus, self.sync, config_subject(s.bundle))
             task_status.started()
+            consumer = await self._attach()
             for entry in preload:
                 try:
                     await self.models.get(entry)
@@ -184,6 +180,37 @@ class WorkerRole:
             self.ready = True
             self._status_changed.set()
             await self._pull_loop(consumer, tg)
+
+    async def _attach(self) -> PullConsumer:
+        """Ensure the pool stream and this lane's durable consumer; retried with backoff
+        (0.5 s doubling to 5 s) while the bus is unreachable."""
+        s = self.settings
+        delay = 0.5
+        while True:
+            try:
+                await self.bus.add_stream(
+                    work_stream_config(
+                        s.pool,
+                        max_msgs=s.stream_max_msgs,
+                        max_age_s=s.stream_max_age_s,
+                        storage=s.stream_storage,
+                        replicas=s.stream_replicas,
+                    )
+                )
+                return await self.bus.pull_consumer(
+                    stream_name(s.pool),
+                    ConsumerConfig(
+                        durable=f"{s.bundle}_{s.machine_profile}",
+                        filter_subject=lane_filter(s.pool, s.machine_profile, s.bundle),
+                        ack_wait_s=s.ack_wait_s,
+                        max_deliver=s.max_deliver,
+                        max_ack_pending=max(1000, s.max_inflight_items),
+                    ),
+                )
+            except BusError as exc:
+                log.warning("cannot attach to the work stream yet (%s); retrying", exc.message)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def _read_cancels(self, sub: Any) -> None:
         """``work_cancel.{router_id}.{request_id}``: tombstone the request, stop its items."""
@@ -203,8 +230,11 @@ class WorkerRole:
             try:
                 msgs = await consumer.fetch(want, timeout_s=1.0)
             except BusError as exc:
-                log.warning("fetch failed: %s; retrying", exc)
-                await anyio.sleep(1.0)
+                # e.g. a broker restart erased a memory stream and its consumer:
+                # ensure both again (waits while the broker is away)
+                log.warning("fetch failed: %s; re-attaching to the work stream", exc)
+                await anyio.sleep(0.5)
+                consumer = await self._attach()
                 continue
             for msg in msgs:
                 await self._inflight.acquire()
@@ -412,11 +442,17 @@ class WorkerRole:
 
     async def _heartbeats(self) -> None:
         """Publish a heartbeat every interval, and at once when a model's state changes."""
+        failing = False
         while True:
             try:
                 await self.bus.publish(health_subject(self.worker_id), self.heartbeat().to_bytes())
+                if failing:
+                    log.info("heartbeats flowing again")
+                failing = False
             except BusError as exc:
-                log.warning("heartbeat publish failed: %s", exc)
+                if not failing:  # once per outage, not once per interval
+                    log.warning("heartbeat publish failed: %s", exc)
+                failing = True
             self._status_changed = anyio.Event()
             with anyio.move_on_after(self.settings.heartbeat_interval_s):
                 await self._status_changed.wait()

@@ -219,7 +219,12 @@ class Bus(Protocol):
 
 
 def work_stream_config(
-    pool: str, *, max_msgs: int = 100_000, max_age_s: float = 1800.0
+    pool: str,
+    *,
+    max_msgs: int = 100_000,
+    max_age_s: float = 1800.0,
+    storage: str = "memory",
+    replicas: int = 1,
 ) -> StreamConfig:
     """``WORK_POOL_{pool}`` capturing ``sie.work.{pool}.*.*.*`` (architecture §8.2).
 
@@ -230,4 +235,6 @@ def work_stream_config(
         subjects=stream_subjects(pool),
         max_msgs=max_msgs,
         max_age_s=max_age_s,
+        storage=storage,
+        replicas=replicas,
     )

@@ -1,6 +1,7 @@
 """Bus contract (sie.transport.base docstring; architecture §8, §8.2).
 
-Every implementation runs this suite. The NATS adapter joins ``BUSES`` in its issue.
+Every implementation runs this suite: the in-memory bus, and the NATS adapter against a
+real ``nats-server`` (``tests/natsserver.py``) on a free loopback port.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from sie.transport.base import (
     work_stream_config,
 )
 from sie.transport.memory import MemoryBus
+from tests.natsserver import NatsServer
 
 pytestmark = pytest.mark.anyio
 
-BUSES = ["memory"]
+BUSES = ["memory", "nats"]
 
 
 @pytest.fixture(params=BUSES)
@@ -32,6 +34,16 @@ async def bus(request: pytest.FixtureRequest) -> AsyncIterator[Bus]:
     if request.param == "memory":
         async with MemoryBus() as b:
             yield b
+        return
+    from sie.transport.nats import NatsBus
+
+    server: NatsServer = request.getfixturevalue("nats_server")
+    async with NatsBus(server.url, initial_connect_attempts=3) as b:
+        try:
+            yield b
+        finally:  # every test starts from an empty broker
+            for info in await b._js.streams_info():
+                await b.delete_stream(info.config.name)
 
 
 def cfg(**kw: object) -> ConsumerConfig:
@@ -282,3 +294,7 @@ async def test_add_stream_reconciles(bus: Bus) -> None:
     assert info.config.max_msgs == 5
     for _ in range(3):
         await bus.js_publish("sie.work.r.a.b.c", b"x")
+
+
+async def test_is_connected(bus: Bus) -> None:
+    assert bus.is_connected

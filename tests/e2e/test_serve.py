@@ -116,9 +116,9 @@ def test_bad_flags_exit_nonzero() -> None:
     )
     assert out.returncode == 2 and "roles" in out.stderr
     out = subprocess.run(
-        [sie_bin(), "serve", "--bus=nats", "--port", str(free_port()), "--roles=gateway"],
+        [sie_bin(), "serve", "--bus=kafka", "--port", str(free_port()), "--roles=gateway"],
         capture_output=True,
         text=True,
         timeout=30,
     )
-    assert out.returncode == 2 and "nats" in out.stderr.lower()
+    assert out.returncode == 2 and "bus" in out.stderr.lower()

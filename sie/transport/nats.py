@@ -1,0 +1,478 @@
+"""The NATS Core + JetStream adapter of the bus port (architecture §8, §8.2, §10).
+
+The only module that imports ``nats`` (the ``nats`` extra). Semantics match
+``sie.transport.memory`` (the same contract suite runs on both):
+
+- core pub/sub for inbox results, config deltas, health and ``work_cancel``;
+- work streams with WorkQueue retention, ``discard: new``, ``max_msgs``,
+  ``max_age``, ``Nats-Msg-Id`` dedupe; an existing stream's subjects, limits,
+  discard and replicas are reconciled, its storage type never (a warning instead);
+- durable pull consumers with explicit ack, ``ack_wait``, ``max_deliver`` and the
+  ``MAX_DELIVERIES`` advisory (emitted by the server).
+
+Connection: retries the initial connect, then reconnects forever with backoff
+(nats-py keeps subscriptions across reconnects). nats-py errors become our
+``BusError`` / ``NoStreamError`` / ``StreamFullError`` with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from sie.transport.base import (
+    BusError,
+    ConsumerConfig,
+    ConsumerInfo,
+    Msg,
+    NoStreamError,
+    PubAck,
+    StreamConfig,
+    StreamFullError,
+    StreamInfo,
+)
+
+try:
+    import nats
+    import nats.errors
+    import nats.js.errors
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg as NatsMsg
+    from nats.js import api
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("the NATS bus needs the 'nats' extra: pip install 'sie[nats]'") from exc
+
+__all__ = ["NatsBus"]
+
+log = logging.getLogger(__name__)
+
+#: JetStream API error codes we translate (nats-server ``server/errors.json``).
+ERR_STREAM_NOT_FOUND = 10059
+ERR_MAX_MSGS = 10077
+ERR_MAX_BYTES = 10078
+ERR_STREAM_NAME_IN_USE = 10058
+
+
+def _headers(h: Mapping[str, str] | None) -> dict[str, str] | None:
+    return dict(h) if h else None
+
+
+def _msg(m: NatsMsg) -> Msg:
+    return Msg(m.subject, m.data, dict(m.headers) if m.headers else None)
+
+
+class _NatsSubscription:
+    """A core subscription whose messages flow through a bounded memory stream.
+
+    It can be created before the connection exists: the bus binds it to the broker
+    once connected, and nats-py keeps it across reconnects. A full buffer (a slow
+    reader) drops messages, as a NATS slow consumer would.
+    """
+
+    def __init__(self, subject: str, max_pending: int) -> None:
+        self.subject = subject
+        self._send, self._recv = anyio.create_memory_object_stream[Msg](max_pending)
+        self._sub: Any = None
+        self._closed = False
+        self.dropped = 0
+
+    async def _on_msg(self, m: NatsMsg) -> None:
+        try:
+            self._send.send_nowait(_msg(m))
+        except anyio.WouldBlock:
+            self.dropped += 1
+            if self.dropped in (1, 100, 10_000):
+                log.warning("slow reader on %s: %d message(s) dropped", self.subject, self.dropped)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+
+    async def bind(self, nc: Client) -> None:
+        if self._sub is None and not self._closed:
+            self._sub = await nc.subscribe(self.subject, cb=self._on_msg)
+
+    async def __aiter__(self) -> AsyncIterator[Msg]:
+        try:
+            async for m in self._recv:
+                yield m
+        except anyio.ClosedResourceError:
+            return
+
+    async def next_msg(self, timeout_s: float) -> Msg:
+        try:
+            with anyio.fail_after(timeout_s):
+                return await self._recv.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError) as exc:
+            raise BusError(f"subscription {self.subject!r} is closed") from exc
+
+    async def unsubscribe(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._send.close()
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except nats.errors.Error:
+                pass  # connection closed: the subscription is gone anyway
+
+
+class _NatsJsMsg:
+    def __init__(self, m: NatsMsg) -> None:
+        self._m = m
+        self.subject = m.subject
+        self.data = m.data
+        self.headers = dict(m.headers) if m.headers else None
+
+    @property
+    def num_delivered(self) -> int:
+        return int(self._m.metadata.num_delivered)
+
+    async def _settle(self, what: str, coro: Any) -> None:
+        try:
+            await coro
+        except nats.errors.Error as exc:
+            raise BusError(f"{what} failed: {exc}") from exc
+
+    async def ack(self) -> None:
+        # ack_sync: once this returns the server has removed the message (work queue)
+        await self._settle("ack", self._m.ack_sync(timeout=5.0))
+
+    async def nak(self, delay_s: float | None = None) -> None:
+        await self._settle("nak", self._m.nak(delay=delay_s))
+
+    async def term(self) -> None:
+        await self._settle("term", self._m.term())
+
+    async def in_progress(self) -> None:
+        await self._settle("in_progress", self._m.in_progress())
+
+
+class _NatsPullConsumer:
+    def __init__(self, bus: NatsBus, stream: str, durable: str, psub: Any) -> None:
+        self._bus = bus
+        self._stream = stream
+        self._durable = durable
+        self._psub = psub
+
+    async def fetch(self, batch: int, timeout_s: float) -> list[Any]:
+        try:
+            msgs = await self._psub.fetch(batch, timeout=max(timeout_s, 0.001))
+        except nats.errors.TimeoutError:
+            return []
+        except nats.js.errors.NotFoundError as exc:
+            raise BusError(f"consumer {self._durable!r} or its stream is gone") from exc
+        except nats.errors.Error as exc:
+            raise BusError(f"fetch from {self._stream}/{self._durable} failed: {exc}") from exc
+        return [_NatsJsMsg(m) for m in msgs]
+
+    async def info(self) -> ConsumerInfo:
+        try:
+            ci = await self._bus._jsx().consumer_info(self._stream, self._durable)
+        except nats.js.errors.NotFoundError as exc:
+            raise BusError(f"consumer {self._durable!r} not found") from exc
+        except nats.errors.Error as exc:
+            raise BusError(f"consumer info failed: {exc}") from exc
+        return ConsumerInfo(
+            stream=self._stream,
+            durable=self._durable,
+            num_pending=int(ci.num_pending or 0),
+            num_ack_pending=int(ci.num_ack_pending or 0),
+            num_redelivered=int(ci.num_redelivered or 0),
+        )
+
+
+class NatsBus:
+    """The NATS ``Bus``. Use as ``async with NatsBus(url) as bus``.
+
+    Args:
+        url: one or more comma-separated ``nats://`` URLs (``SIE_NATS_URL``).
+        name: connection name shown in NATS monitoring.
+        connect_timeout_s: per-attempt connect timeout, seconds.
+        reconnect_wait_s: wait between reconnect attempts, seconds.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str = "sie",
+        connect_timeout_s: float = 2.0,
+        reconnect_wait_s: float = 0.5,
+        initial_connect_attempts: int = 0,
+    ) -> None:
+        """Args: ``url`` comma-separated ``nats://`` URLs; times in seconds;
+        ``initial_connect_attempts`` > 0 makes ``__aenter__`` fail if the broker is
+        not reachable within that many connect timeouts (0: never block start-up)."""
+        self.url = url
+        self.name = name
+        self.connect_timeout_s = connect_timeout_s
+        self.reconnect_wait_s = reconnect_wait_s
+        self.initial_connect_attempts = initial_connect_attempts
+        self._nc: Client | None = None
+        self._js: Any = None
+        self._subs: set[_NatsSubscription] = set()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._connected: anyio.Event | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def __aenter__(self) -> NatsBus:
+        """Connect in the background (nats-py retries the initial connect forever, then
+        reconnects forever) and wait briefly for it. Start-up is never blocked on the
+        broker: until it is reachable ``is_connected`` is False, publishes raise
+        ``BusError`` (a 503), and subscriptions made meanwhile are bound once connected
+        (architecture §2, §10).
+
+        Raises:
+            BusError: with ``initial_connect_attempts`` > 0, not connected within that
+                many connect timeouts (tests and tools that need the broker now).
+        """
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        connected = self._connected = anyio.Event()
+        self._tg.start_soon(self._connect_in_background)
+        wait_s = self.connect_timeout_s * max(1, self.initial_connect_attempts)
+        with anyio.move_on_after(wait_s):
+            await connected.wait()
+        if not connected.is_set():
+            if self.initial_connect_attempts:
+                await self.__aexit__(None, None, None)
+                raise BusError(f"cannot connect to NATS at {self.url} within {wait_s:g}s")
+            log.warning("NATS at %s is not reachable yet; still trying", self.url)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        tg, self._tg = self._tg, None
+        if tg is not None:
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+        await self.close()
+
+    async def _connect_in_background(self) -> None:
+        try:
+            nc = await nats.connect(
+                servers=[u.strip() for u in self.url.split(",") if u.strip()],
+                name=self.name,
+                connect_timeout=self.connect_timeout_s,
+                reconnect_time_wait=self.reconnect_wait_s,
+                max_reconnect_attempts=-1,
+                allow_reconnect=True,
+                error_cb=self._on_error,
+                disconnected_cb=self._on_disconnected,
+                reconnected_cb=self._on_reconnected,
+            )
+        except nats.errors.Error as exc:  # only on a permanent error (e.g. bad URL)
+            log.error("NATS connect to %s failed for good: %s", self.url, exc)
+            return
+        self._nc = nc
+        self._js = nc.jetstream()
+        for sub in list(self._subs):
+            await sub.bind(nc)
+        log.info("NATS connected to %s", self.url)
+        if self._connected is not None:
+            self._connected.set()
+
+    async def close(self) -> None:
+        for sub in list(self._subs):
+            await sub.unsubscribe()
+        self._subs.clear()
+        nc, self._nc = self._nc, None
+        if nc is not None and not nc.is_closed:
+            try:
+                await nc.close()
+            except nats.errors.Error:
+                pass
+
+    async def _on_error(self, exc: Exception) -> None:
+        log.debug("NATS: %s", exc)
+
+    async def _on_disconnected(self) -> None:
+        if self._nc is not None:  # not a close() of ours
+            log.warning("NATS disconnected from %s; reconnecting", self.url)
+
+    async def _on_reconnected(self) -> None:
+        log.info("NATS reconnected to %s", self._nc.connected_url if self._nc else self.url)
+
+    @property
+    def is_connected(self) -> bool:
+        return self._nc is not None and self._nc.is_connected
+
+    def _client(self) -> Client:
+        if self._nc is None or self._nc.is_closed:
+            raise BusError(f"NATS at {self.url} is not connected")
+        return self._nc
+
+    def _jsx(self) -> Any:
+        self._client()
+        return self._js
+
+    # -- core pub/sub --------------------------------------------------------------------
+
+    async def publish(
+        self, subject: str, data: bytes, headers: Mapping[str, str] | None = None
+    ) -> None:
+        nc = self._client()
+        if not nc.is_connected:
+            raise BusError(f"NATS is disconnected; cannot publish on {subject!r}")
+        try:
+            await nc.publish(subject, data, headers=_headers(headers))
+        except nats.errors.Error as exc:
+            raise BusError(f"publish on {subject!r} failed: {exc}") from exc
+
+    async def subscribe(self, subject: str, *, max_pending: int = 65536) -> _NatsSubscription:
+        """Subscribe now, or as soon as the bus connects."""
+        sub = _NatsSubscription(subject, max_pending)
+        self._subs.add(sub)
+        if self._nc is not None and not self._nc.is_closed:
+            try:
+                await sub.bind(self._nc)
+            except nats.errors.Error as exc:
+                self._subs.discard(sub)
+                raise BusError(f"subscribe to {subject!r} failed: {exc}") from exc
+        return sub
+
+    # -- streams -------------------------------------------------------------------------
+
+    @staticmethod
+    def _native(config: StreamConfig) -> Any:
+        return api.StreamConfig(
+            name=config.name,
+            subjects=list(config.subjects),
+            retention=api.RetentionPolicy.WORK_QUEUE,
+            storage=api.StorageType.FILE if config.storage == "file" else api.StorageType.MEMORY,
+            max_msgs=config.max_msgs,
+            max_age=config.max_age_s,
+            discard=api.DiscardPolicy.NEW,
+            num_replicas=config.replicas,
+            # JetStream requires duplicate_window <= max_age
+            duplicate_window=(
+                min(config.duplicate_window_s, config.max_age_s)
+                if config.max_age_s > 0
+                else config.duplicate_window_s
+            ),
+        )
+
+    @staticmethod
+    def _info(si: Any) -> StreamInfo:
+        c = si.config
+        return StreamInfo(
+            name=c.name,
+            messages=int(si.state.messages),
+            consumers=int(si.state.consumer_count or 0),
+            config=StreamConfig(
+                name=c.name,
+                subjects=list(c.subjects or []),
+                max_msgs=int(c.max_msgs if c.max_msgs is not None else -1),
+                max_age_s=float(c.max_age or 0.0),
+                storage="file" if c.storage == api.StorageType.FILE else "memory",
+                replicas=int(c.num_replicas or 1),
+                duplicate_window_s=float(c.duplicate_window or 0.0),
+            ),
+        )
+
+    async def add_stream(self, config: StreamConfig) -> StreamInfo:
+        """Create the stream, or reconcile an existing one (architecture §8.2).
+
+        Raises:
+            BusError: the broker refused.
+        """
+        js = self._jsx()
+        want = self._native(config)
+        try:
+            return self._info(await js.add_stream(config=want))
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code != ERR_STREAM_NAME_IN_USE:
+                raise BusError(f"add_stream {config.name}: {exc.description}") from exc
+        except nats.errors.Error as exc:
+            raise BusError(f"add_stream {config.name} failed: {exc}") from exc
+        try:
+            have = (await js.stream_info(config.name)).config
+            if have.storage != want.storage:
+                log.warning(
+                    "stream %s has storage %s, configured %s: storage is never changed in "
+                    "place (drain and recreate the stream to change it)",
+                    config.name,
+                    have.storage,
+                    want.storage,
+                )
+                want.storage = have.storage
+            return self._info(await js.update_stream(config=want))
+        except nats.errors.Error as exc:
+            raise BusError(f"reconciling stream {config.name} failed: {exc}") from exc
+
+    async def stream_info(self, name: str) -> StreamInfo:
+        try:
+            return self._info(await self._jsx().stream_info(name))
+        except nats.js.errors.NotFoundError as exc:
+            raise NoStreamError(f"stream {name!r} does not exist") from exc
+        except nats.errors.Error as exc:
+            raise BusError(f"stream_info {name} failed: {exc}") from exc
+
+    async def js_publish(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        msg_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> PubAck:
+        hdrs = dict(headers or {})
+        if msg_id is not None:
+            hdrs["Nats-Msg-Id"] = msg_id
+        try:
+            ack = await self._jsx().publish(subject, data, headers=hdrs or None)
+        except (nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError) as exc:
+            raise NoStreamError(f"no stream captures {subject!r}") from exc
+        except nats.js.errors.APIError as exc:
+            if exc.err_code in (ERR_MAX_MSGS, ERR_MAX_BYTES):
+                raise StreamFullError(f"stream for {subject!r} is full") from exc
+            if exc.err_code == ERR_STREAM_NOT_FOUND:
+                raise NoStreamError(f"no stream captures {subject!r}") from exc
+            raise BusError(f"publish on {subject!r} failed: {exc.description}") from exc
+        except nats.errors.Error as exc:
+            raise BusError(f"publish on {subject!r} failed: {exc}") from exc
+        return PubAck(stream=ack.stream, seq=int(ack.seq), duplicate=bool(ack.duplicate))
+
+    async def pull_consumer(self, stream: str, config: ConsumerConfig) -> _NatsPullConsumer:
+        """Create or bind a durable pull consumer.
+
+        Raises:
+            NoStreamError: no such stream.
+            BusError: e.g. an overlapping filter on a work-queue stream.
+        """
+        js = self._jsx()
+        native = api.ConsumerConfig(
+            durable_name=config.durable,
+            filter_subject=config.filter_subject,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            deliver_policy=api.DeliverPolicy.ALL,
+            ack_wait=config.ack_wait_s,
+            max_deliver=config.max_deliver,
+            max_ack_pending=config.max_ack_pending,
+        )
+        try:
+            await js.add_consumer(stream, config=native)
+            psub = await js.pull_subscribe_bind(config.durable, stream)
+        except nats.js.errors.NotFoundError as exc:
+            raise NoStreamError(f"stream {stream!r} does not exist") from exc
+        except nats.js.errors.APIError as exc:
+            if exc.err_code == ERR_STREAM_NOT_FOUND:
+                raise NoStreamError(f"stream {stream!r} does not exist") from exc
+            raise BusError(f"consumer {config.durable!r} on {stream}: {exc.description}") from exc
+        except nats.errors.Error as exc:
+            raise BusError(f"consumer {config.durable!r} on {stream} failed: {exc}") from exc
+        return _NatsPullConsumer(self, stream, config.durable, psub)
+
+    async def delete_stream(self, name: str) -> None:
+        """Remove a stream (tests and operators). Raises: NoStreamError, BusError."""
+        try:
+            await self._jsx().delete_stream(name)
+        except nats.js.errors.NotFoundError as exc:
+            raise NoStreamError(f"stream {name!r} does not exist") from exc
+        except nats.errors.Error as exc:
+            raise BusError(f"delete_stream {name} failed: {exc}") from exc
