@@ -1,0 +1,173 @@
+"""Split roles over NATS (issue 4 acceptance 2; architecture §1, §2, §8, §10).
+
+config, gateway and two workers run as four `sie serve` processes on one real
+nats-server. 200 concurrent encodes equal the in-process model; then a worker is
+SIGKILLed mid-flight and every request still ends in a 200 or a retryable 503/504
+(its unacked items are redelivered to the other worker), none lost, none hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.conftest import BUNDLES, CONFIGS, MINILM, ROOT
+from tests.e2e.test_serve import sie_bin
+from tests.natsserver import NatsServer, free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+REQUEST_TIMEOUT_S = 20
+
+
+class Topology:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.nats = NatsServer(tmp / "nats")
+        self.gw_port, self.cfg_port = free_port(), free_port()
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def spawn(self, name: str, *args: str, **env: str) -> None:
+        log = open(self.tmp / f"{name}.log", "w")  # noqa: SIM115 - owned by the child
+        self.procs[name] = subprocess.Popen(
+            [
+                sie_bin(),
+                "serve",
+                "--bus=nats",
+                "--nats-url",
+                self.nats.url,
+                "--host",
+                "127.0.0.1",
+                "--models-dir",
+                str(CONFIGS),
+                "--bundles-dir",
+                str(BUNDLES),
+                *args,
+            ],
+            cwd=ROOT,
+            env={**os.environ, "SIE_HEARTBEAT_INTERVAL_S": "0.5", **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {n}\n{(self.tmp / f'{n}.log').read_text()[-3000:]}" for n in self.procs
+        )
+
+    def start(self) -> None:
+        self.nats.start()
+        self.spawn("config", "--roles=config", "--config-port", str(self.cfg_port))
+        self.spawn(
+            "gateway",
+            "--roles=gateway",
+            "--port",
+            str(self.gw_port),
+            "--config-service-url",
+            f"http://127.0.0.1:{self.cfg_port}",
+            SIE_GATEWAY_REQUEST_TIMEOUT=str(REQUEST_TIMEOUT_S),
+        )
+        for w in ("w1", "w2"):
+            self.spawn(
+                w,
+                "--roles=worker",
+                "--preload",
+                MINILM,
+                SIE_WORKER_ID=w,
+                SIE_ACK_WAIT_S="3",
+            )
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            for name, p in self.procs.items():
+                assert p.poll() is None, f"{name} exited\n" + self.logs()
+            try:
+                h = httpx.get(f"{self.base}/health", timeout=1).json()
+                if sum(1 for w in h["workers"] if w["ready"]) == 2:
+                    return
+            except (httpx.HTTPError, KeyError, ValueError):
+                pass
+            time.sleep(0.3)
+        pytest.fail("topology did not become ready\n" + self.logs())
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.gw_port}"
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.nats.stop()
+
+
+@pytest.fixture
+def topology(tmp_path: Path) -> Iterator[Topology]:
+    t = Topology(tmp_path)
+    try:
+        t.start()
+        yield t
+    finally:
+        t.stop()
+
+
+async def fire(
+    base: str, texts: list[str], *, after: Any = None
+) -> list[httpx.Response | Exception]:
+    limits = httpx.Limits(max_connections=len(texts), max_keepalive_connections=len(texts))
+    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=REQUEST_TIMEOUT_S + 15) as c:
+
+        async def one(t: str) -> httpx.Response | Exception:
+            try:
+                return await c.post(f"/v1/encode/{MINILM}", json={"items": [{"text": t}]})
+            except Exception as exc:  # a hang or a dropped connection is a failure, counted
+                return exc
+
+        tasks = [asyncio.create_task(one(t)) for t in texts]
+        if after is not None:
+            await asyncio.sleep(0.3)
+            after()
+        return await asyncio.gather(*tasks)
+
+
+def test_two_workers_share_a_lane_and_survive_a_kill(topology: Topology, st_model: Any) -> None:
+    texts = [f"request number {i} about topic {i % 7}" for i in range(200)]
+    replies = asyncio.run(fire(topology.base, texts))
+    assert all(isinstance(r, httpx.Response) and r.status_code == 200 for r in replies), [
+        getattr(r, "status_code", r) for r in replies if getattr(r, "status_code", 0) != 200
+    ][:5]
+    got = np.array([r.json()["items"][0]["dense"]["values"] for r in replies], dtype=np.float32)  # type: ignore[union-attr]
+    np.testing.assert_allclose(got, st_model.encode(texts), atol=1e-5)
+
+    killed = topology.procs["w1"]
+    t0 = time.monotonic()
+    replies = asyncio.run(
+        fire(
+            topology.base,
+            [f"during the kill {i}" for i in range(200)],
+            after=lambda: killed.send_signal(signal.SIGKILL),
+        )
+    )
+    took = time.monotonic() - t0
+    codes = [r.status_code if isinstance(r, httpx.Response) else type(r).__name__ for r in replies]
+    counts = {c: codes.count(c) for c in set(codes)}
+    assert set(counts) <= {200, 503, 504}, counts  # nothing lost, nothing else
+    assert sum(counts.values()) == 200
+    assert counts.get(200, 0) >= 150, counts  # redelivery to w2 completes almost all
+    assert took < REQUEST_TIMEOUT_S + 10  # none hangs past the request timeout
+    assert killed.poll() is not None
+    print(f"kill phase: {counts} in {took:.1f}s")
