@@ -51,6 +51,9 @@ __all__ = ["Collected", "GatewayRole", "uuid7"]
 
 log = logging.getLogger(__name__)
 
+#: Most JetStream publishes of one request awaiting their acks at once (§8.2).
+PUBLISH_CONCURRENCY = 64
+
 #: Worker codes that mean "retry later" when every item carries the same one (§2).
 RETRYABLE_CODES = frozenset({"RESOURCE_EXHAUSTED", "MODEL_LOADING", "LORA_LOADING"})
 
@@ -337,6 +340,7 @@ class GatewayRole:
         try:
             await self._ensure_stream(pool)
             now = time.time()
+            work: list[tuple[str, bytes]] = []
             for i, item in enumerate(items):
                 wi = WorkItem(
                     work_item_id=f"{request_id}.{i}",
@@ -358,8 +362,9 @@ class GatewayRole:
                     is_query=is_query,
                     options=dict(options) if options else None,
                 )
-                published = True
-                await self._publish(subject, wi)
+                work.append((wi.work_item_id, self._encode_item(wi)))
+            published = True
+            await self._publish_all(subject, pool, work)
             publish_ms = (time.monotonic() - t0) * 1000.0
             try:
                 with anyio.fail_after(timeout_s or self.settings.request_timeout_s):
@@ -387,23 +392,49 @@ class GatewayRole:
             except SieError as exc:
                 log.warning("cannot publish work_cancel for %s: %s", request_id, exc.message)
 
-    async def _publish(self, subject: str, wi: WorkItem) -> None:
+    @staticmethod
+    def _encode_item(wi: WorkItem) -> bytes:
         try:
-            data = wi.to_bytes()
+            return wi.to_bytes()
         except WireError as exc:  # e.g. a 65-bit integer or a lone surrogate in options
             raise InvalidInput(
                 f"params.options: cannot be forwarded: {exc.message}", field="params.options"
             ) from exc
+
+    async def _publish_all(self, subject: str, pool: str, work: list[tuple[str, bytes]]) -> None:
+        """Publish a request's work items with overlapping JetStream acks (at most
+        ``PUBLISH_CONCURRENCY`` in flight, architecture §8.2); the first failure
+        cancels the rest and is raised."""
+        if len(work) == 1:
+            await self._publish(subject, pool, *work[0])
+            return
+        limiter = anyio.CapacityLimiter(PUBLISH_CONCURRENCY)
+        failures: list[SieError] = []
+
+        async def one(work_item_id: str, data: bytes) -> None:
+            async with limiter:
+                try:
+                    await self._publish(subject, pool, work_item_id, data)
+                except SieError as exc:
+                    failures.append(exc)
+                    tg.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            for work_item_id, data in work:
+                tg.start_soon(one, work_item_id, data)
+        if failures:
+            raise failures[0]
+
+    async def _publish(self, subject: str, pool: str, work_item_id: str, data: bytes) -> None:
+        """One JetStream publish; ``work_item_id`` is the ``Nats-Msg-Id`` (dedupe)."""
         try:
-            await self.bus.js_publish(subject, data, msg_id=wi.work_item_id)
+            await self.bus.js_publish(subject, data, msg_id=work_item_id)
         except StreamFullError as exc:
-            raise Backpressure(
-                f"work queue for pool {wi.pool_name!r} is full; retry later"
-            ) from exc
+            raise Backpressure(f"work queue for pool {pool!r} is full; retry later") from exc
         except NoStreamError:
-            self._streams.discard(wi.pool_name)  # stream deleted under us: recreate once
-            await self._ensure_stream(wi.pool_name)
-            await self.bus.js_publish(subject, data, msg_id=wi.work_item_id)
+            self._streams.discard(pool)  # stream deleted under us (e.g. broker restart)
+            await self._ensure_stream(pool)
+            await self.bus.js_publish(subject, data, msg_id=work_item_id)
 
     @staticmethod
     def _raise_failures(results: list[WorkResult]) -> None:
