@@ -10,11 +10,16 @@ from __future__ import annotations
 import re
 
 __all__ = [
+    "ADVISORY_MAX_DELIVERIES",
     "CANCEL_WILDCARD",
     "CONFIG_ALL_SUBJECT",
+    "DEAD_LETTERS_STREAM",
+    "DLQ_PREFIX",
     "HEALTH_WILDCARD",
     "cancel_subject",
     "config_subject",
+    "dlq_msg_id",
+    "dlq_subject",
     "health_subject",
     "inbox_subject",
     "inbox_wildcard",
@@ -30,6 +35,24 @@ _UNSAFE = re.compile(r"[*>\s]")
 CONFIG_ALL_SUBJECT = "sie.config.models._all"
 HEALTH_WILDCARD = "sie.health.>"
 CANCEL_WILDCARD = "work_cancel.>"
+#: JetStream's advisory when a message hits a consumer's max_deliver (architecture §8).
+ADVISORY_MAX_DELIVERIES = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
+DEAD_LETTERS_STREAM = "DEAD_LETTERS"
+DLQ_PREFIX = "sie.dlq"
+
+
+def dlq_subject(work_subject_: str) -> str:
+    """``sie.dlq.{model_token}``: the model token of a work subject
+    ``sie.work.{pool}.{profile}.{bundle}.{model}`` (already normalised, §8.2)."""
+    parts = work_subject_.split(".")
+    token = parts[5] if len(parts) > 5 else "unknown"
+    return f"{DLQ_PREFIX}.{token}"
+
+
+def dlq_msg_id(stream: str, seq: int) -> str:
+    """Deterministic ``Nats-Msg-Id`` of a dead letter: every gateway replica republishing
+    the same advisory is deduplicated by JetStream (§8)."""
+    return f"dlq.{stream}.{seq}"
 
 
 def normalize_model_id(model_id: str) -> str:

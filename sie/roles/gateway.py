@@ -43,6 +43,7 @@ from sie.core.subjects import (
 )
 from sie.core.wire import Heartbeat, WorkItem, WorkResult
 from sie.roles._config_sync import build_config_sync, run_config_sync
+from sie.roles._dlq import DeadLetters
 from sie.settings import ServeSettings
 from sie.telemetry import METRICS, Metrics
 from sie.transport.base import Bus, NoStreamError, StreamFullError, work_stream_config
@@ -146,6 +147,9 @@ class GatewayRole:
             role="gateway",
         )
         self.epoch = self.sync.epoch
+        self.dead_letters = DeadLetters(
+            bus, storage=settings.stream_storage, replicas=settings.stream_replicas
+        )
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -158,6 +162,7 @@ class GatewayRole:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._read_health, health)
                 await tg.start(run_config_sync, self.bus, self.sync, config_subject("_all"))
+                await tg.start(self.dead_letters.run)
                 task_status.started()
                 await self._read_inbox(inbox)
         finally:

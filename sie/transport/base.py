@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from sie.core.errors import QueueUnavailable
-from sie.core.subjects import stream_name, stream_subjects
+from sie.core.subjects import DEAD_LETTERS_STREAM, DLQ_PREFIX, stream_name, stream_subjects
 
 __all__ = [
     "Bus",
@@ -47,6 +47,7 @@ __all__ = [
     "StreamFullError",
     "StreamInfo",
     "Subscription",
+    "dead_letter_stream_config",
     "work_stream_config",
 ]
 
@@ -85,6 +86,11 @@ class StreamConfig:
     storage: str = "memory"
     replicas: int = 1
     duplicate_window_s: float = 120.0
+    #: ``workqueue`` (an ack removes the message) or ``limits`` (kept until max_age /
+    #: max_msgs, e.g. ``DEAD_LETTERS``)
+    retention: str = "workqueue"
+    #: when full: ``new`` rejects the publish (work, §8.2); ``old`` drops the oldest
+    discard: str = "new"
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,9 +219,27 @@ class Bus(Protocol):
         """Store a message. Raises ``NoStreamError`` or ``StreamFullError``."""
         ...
 
+    async def get_message(self, stream: str, seq: int) -> Msg:
+        """The stored message ``seq`` of ``stream`` (e.g. the work a MAX_DELIVERIES
+        advisory names). Raises ``NoStreamError``, or ``BusError`` if it is gone."""
+        ...
+
     async def pull_consumer(self, stream: str, config: ConsumerConfig) -> PullConsumer:
         """Create or bind a durable pull consumer. Raises ``NoStreamError``."""
         ...
+
+
+def dead_letter_stream_config(*, storage: str = "memory", replicas: int = 1) -> StreamConfig:
+    """``DEAD_LETTERS`` capturing ``sie.dlq.>``: limits retention, 24 h (architecture §8)."""
+    return StreamConfig(
+        name=DEAD_LETTERS_STREAM,
+        subjects=[f"{DLQ_PREFIX}.>"],
+        max_age_s=24 * 3600.0,
+        storage=storage,
+        replicas=replicas,
+        retention="limits",
+        discard="old",
+    )
 
 
 def work_stream_config(

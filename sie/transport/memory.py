@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from sie.core.subjects import subject_matches
+from sie.core.subjects import ADVISORY_MAX_DELIVERIES, subject_matches
 from sie.transport.base import (
     BusError,
     ConsumerConfig,
@@ -33,8 +33,6 @@ from sie.transport.base import (
 )
 
 __all__ = ["MemoryBus"]
-
-ADVISORY_MAX_DELIVERIES = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
 
 
 def _filters_overlap(a: str, b: str) -> bool:
@@ -152,7 +150,10 @@ class _MemJsMsg:
 
     async def ack(self) -> None:
         if self._live() is not None:
-            del self._stream.msgs[self._stored.seq]
+            if self._stream.config.retention == "workqueue":
+                del self._stream.msgs[self._stored.seq]
+            else:  # limits: the message stays; this (single) consumer is done with it
+                self._stored.in_flight, self._stored.dead = False, True
             self._stream.notify()
 
     async def term(self) -> None:
@@ -348,6 +349,8 @@ class MemoryBus:
         stream.expire(now)
         if msg_id is not None and msg_id in stream.dedupe:
             return PubAck(stream.config.name, stream.dedupe[msg_id][0], duplicate=True)
+        if len(stream.msgs) >= stream.config.max_msgs and stream.config.discard == "old":
+            del stream.msgs[next(iter(stream.msgs))]
         if len(stream.msgs) >= stream.config.max_msgs:
             raise StreamFullError(
                 f"stream {stream.config.name!r} is full ({stream.config.max_msgs} messages)"
@@ -360,17 +363,28 @@ class MemoryBus:
         stream.notify()
         return PubAck(stream.config.name, seq)
 
+    async def get_message(self, stream: str, seq: int) -> Msg:
+        self._check()
+        st = self._streams.get(stream)
+        if st is None:
+            raise NoStreamError(f"stream {stream!r} not found")
+        st.expire(time.monotonic())
+        m = st.msgs.get(seq)
+        if m is None:
+            raise BusError(f"message {seq} of stream {stream!r} is gone")
+        return Msg(m.subject, m.data, m.headers)
+
     async def pull_consumer(self, stream: str, config: ConsumerConfig) -> _MemPullConsumer:
         self._check()
         s = self._streams.get(stream)
         if s is None:
             raise NoStreamError(f"stream {stream!r} not found")
-        if config.durable not in s.consumers:
+        if config.durable not in s.consumers and s.config.retention == "workqueue":
             for other in s.consumers.values():
                 if _filters_overlap(other.config.filter_subject, config.filter_subject):
                     raise BusError(
                         f"filtered consumer not unique on work-queue stream {stream!r}: "
                         f"{config.filter_subject!r} overlaps {other.config.durable!r}"
                     )
-            s.consumers[config.durable] = _Consumer(config)
+        s.consumers.setdefault(config.durable, _Consumer(config))
         return _MemPullConsumer(self, stream, config.durable)

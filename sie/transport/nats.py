@@ -343,11 +343,15 @@ class NatsBus:
         return api.StreamConfig(
             name=config.name,
             subjects=list(config.subjects),
-            retention=api.RetentionPolicy.WORK_QUEUE,
+            retention=(
+                api.RetentionPolicy.LIMITS
+                if config.retention == "limits"
+                else api.RetentionPolicy.WORK_QUEUE
+            ),
             storage=api.StorageType.FILE if config.storage == "file" else api.StorageType.MEMORY,
             max_msgs=config.max_msgs,
             max_age=config.max_age_s,
-            discard=api.DiscardPolicy.NEW,
+            discard=api.DiscardPolicy.OLD if config.discard == "old" else api.DiscardPolicy.NEW,
             num_replicas=config.replicas,
             # JetStream requires duplicate_window <= max_age
             duplicate_window=(
@@ -372,6 +376,8 @@ class NatsBus:
                 storage="file" if c.storage == api.StorageType.FILE else "memory",
                 replicas=int(c.num_replicas or 1),
                 duplicate_window_s=float(c.duplicate_window or 0.0),
+                retention="limits" if c.retention == api.RetentionPolicy.LIMITS else "workqueue",
+                discard="old" if c.discard == api.DiscardPolicy.OLD else "new",
             ),
         )
 
@@ -437,6 +443,17 @@ class NatsBus:
         except nats.errors.Error as exc:
             raise BusError(f"publish on {subject!r} failed: {exc}") from exc
         return PubAck(stream=ack.stream, seq=int(ack.seq), duplicate=bool(ack.duplicate))
+
+    async def get_message(self, stream: str, seq: int) -> Msg:
+        try:
+            raw = await self._jsx().get_msg(stream, seq)
+        except nats.js.errors.NotFoundError as exc:
+            if exc.err_code == ERR_STREAM_NOT_FOUND:
+                raise NoStreamError(f"stream {stream!r} does not exist") from exc
+            raise BusError(f"message {seq} of stream {stream!r} is gone") from exc
+        except nats.errors.Error as exc:
+            raise BusError(f"get_message {stream}/{seq} failed: {exc}") from exc
+        return Msg(raw.subject or "", raw.data or b"", dict(raw.headers) if raw.headers else None)
 
     async def pull_consumer(self, stream: str, config: ConsumerConfig) -> _NatsPullConsumer:
         """Create or bind a durable pull consumer.

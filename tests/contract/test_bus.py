@@ -16,9 +16,11 @@ from sie.transport.base import (
     Bus,
     BusError,
     ConsumerConfig,
+    Msg,
     NoStreamError,
     StreamConfig,
     StreamFullError,
+    dead_letter_stream_config,
     work_stream_config,
 )
 from sie.transport.memory import MemoryBus
@@ -298,3 +300,57 @@ async def test_add_stream_reconciles(bus: Bus) -> None:
 
 async def test_is_connected(bus: Bus) -> None:
     assert bus.is_connected
+
+
+async def test_get_message_and_limits_retention(bus: Bus) -> None:
+    await bus.add_stream(work_stream_config("default"))
+    ack = await bus.js_publish("sie.work.default.l4.default.m", b"keep", headers={"h": "1"})
+    got = await bus.get_message("WORK_POOL_default", ack.seq)
+    assert (got.subject, got.data) == ("sie.work.default.l4.default.m", b"keep")
+    assert (got.headers or {}).get("h") == "1"
+    with pytest.raises(BusError):
+        await bus.get_message("WORK_POOL_default", ack.seq + 100)
+    with pytest.raises(NoStreamError):
+        await bus.get_message("NOPE", 1)
+    # a limits stream keeps acked messages (DEAD_LETTERS)
+    await bus.add_stream(dead_letter_stream_config())
+    await bus.js_publish("sie.dlq.m", b"dead", msg_id="dlq.X.1")
+    dup = await bus.js_publish("sie.dlq.m", b"dead", msg_id="dlq.X.1")
+    assert dup.duplicate
+    c = await bus.pull_consumer("DEAD_LETTERS", cfg(durable="ops", filter_subject="sie.dlq.>"))
+    (m,) = await c.fetch(1, 1.0)
+    await m.ack()
+    assert (await bus.stream_info("DEAD_LETTERS")).messages == 1
+
+
+async def test_dead_letters_after_max_deliver(bus: Bus) -> None:
+    """A work item that always fails lands in DEAD_LETTERS after max_deliver (§8)."""
+    from sie.roles._dlq import DeadLetters
+
+    dlq = DeadLetters(bus)
+    async with anyio.create_task_group() as tg:
+        await tg.start(dlq.run)
+        await bus.add_stream(work_stream_config("default"))
+        await bus.js_publish("sie.work.default.l4.default.org__m", b"poison", msg_id="r.0")
+        c = await bus.pull_consumer("WORK_POOL_default", cfg(max_deliver=2))
+        for _ in range(2):
+            (m,) = await c.fetch(1, 1.0)
+            await m.nak()
+        assert await c.fetch(1, 0.2) == []
+        with anyio.fail_after(5):
+            while dlq.republished == 0:  # noqa: ASYNC110 - a counter, not an event
+                await anyio.sleep(0.02)
+        tg.cancel_scope.cancel()
+    ops = await bus.pull_consumer("DEAD_LETTERS", cfg(durable="ops", filter_subject="sie.dlq.>"))
+    (dead,) = await ops.fetch(1, 1.0)
+    assert dead.subject == "sie.dlq.org__m" and dead.data == b"poison"
+    assert (dead.headers or {}).get("Sie-Dlq-Subject") == "sie.work.default.l4.default.org__m"
+    # a second gateway handling the same advisory does not store it twice
+    second = DeadLetters(bus)
+    await second.handle(
+        Msg(
+            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.WORK_POOL_default.c1",
+            json.dumps({"stream": "WORK_POOL_default", "stream_seq": 1, "deliveries": 2}).encode(),
+        )
+    )
+    assert (await bus.stream_info("DEAD_LETTERS")).messages == 1
