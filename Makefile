@@ -42,8 +42,9 @@ lint: $(STAMP) ## ruff
 type: $(STAMP) ## mypy (strict on sie/core)
 	$(BIN)/mypy sie
 
-bench: $(STAMP) ## served /v1/encode throughput vs raw SentenceTransformer.encode
+bench: $(STAMP) ## served /v1/encode vs raw SentenceTransformer.encode; NATS vs memory bus overhead
 	$(BIN)/python bench/bench_encode.py
+	$(BIN)/python bench/bench_bus.py
 
 clean: ## remove the venv
 	rm -rf $(VENV)
