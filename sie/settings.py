@@ -46,6 +46,10 @@ class ServeSettings(BaseModel):
     max_items_per_request: int = Field(default=4096, gt=0)
     max_text_chars: int = Field(default=1_000_000, gt=0)
     drain_timeout_s: float = Field(default=25.0, ge=0)
+    # backpressure (architecture §2)
+    max_stream_pending: int = Field(default=50_000, gt=0)
+    max_lane_in_flight_items: int = Field(default=10_000, gt=0)
+    lane_backpressure_enforce: bool = False
     # streams (architecture §8.2)
     stream_max_age_s: float = 1800.0
     stream_max_msgs: int = 100_000
@@ -153,6 +157,9 @@ ENV_VARS: dict[str, str] = {
     "SIE_MAX_ITEMS_PER_REQUEST": "max_items_per_request",
     "SIE_MAX_TEXT_CHARS": "max_text_chars",
     "SIE_DRAIN_TIMEOUT_S": "drain_timeout_s",
+    "SIE_GATEWAY_MAX_STREAM_PENDING": "max_stream_pending",
+    "SIE_GATEWAY_MAX_LANE_IN_FLIGHT_ITEMS": "max_lane_in_flight_items",
+    "SIE_GATEWAY_LANE_BACKPRESSURE_ENFORCE": "lane_backpressure_enforce",
     "SIE_STREAM_MAX_AGE_S": "stream_max_age_s",
     "SIE_STREAM_MAX_MSGS": "stream_max_msgs",
     "SIE_STREAM_STORAGE": "stream_storage",

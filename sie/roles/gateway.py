@@ -39,6 +39,7 @@ from sie.core.subjects import (
     config_subject,
     inbox_subject,
     inbox_wildcard,
+    stream_name,
     work_subject,
 )
 from sie.core.wire import Heartbeat, WorkItem, WorkResult
@@ -135,6 +136,11 @@ class GatewayRole:
         self.settings = settings
         self.router_id = settings.router_id
         self._pending: dict[str, _Collector] = {}
+        self.late_results = 0
+        # per-lane (pool, machine_profile, bundle) work items in flight on this gateway
+        self.lane_in_flight: dict[tuple[str, str, str], int] = {}
+        self.lane_rejections: dict[tuple[str, str, str], int] = {}
+        self._stream_pending_cache: dict[str, tuple[int, float]] = {}
         self._streams: set[str] = set()
         self.workers: dict[str, WorkerView] = {}
         self.started_at = time.time()
@@ -198,6 +204,11 @@ class GatewayRole:
 
     async def _read_inbox(self, sub: Any) -> None:
         async for msg in sub:
+            # The inbox subject names the request (_INBOX.{router_id}.{request_id}): late
+            # results of finished or abandoned requests are dropped before decoding.
+            if msg.subject.rsplit(".", 1)[-1] not in self._pending:
+                self.late_results += 1
+                continue
             try:
                 result = WorkResult.from_bytes(msg.data)
             except SieError as exc:
@@ -256,6 +267,49 @@ class GatewayRole:
             if s in states:
                 return s, last_error
         return "available", last_error
+
+    async def _admit(self, lane: tuple[str, str, str], n_items: int) -> None:
+        """Backpressure (architecture §2): pool-wide against the work stream's stored
+        count (``max_stream_pending``; refreshed at most every 250 ms), and per lane
+        against this gateway's in-flight items, which only sheds when
+        ``lane_backpressure_enforce`` is set.
+
+        Raises:
+            Backpressure: 503 with Retry-After 5.
+        """
+        s = self.settings
+        pool = lane[0]
+        pending = await self._stream_pending(pool)
+        if pending >= s.max_stream_pending:
+            raise Backpressure(
+                f"work queue for pool {pool!r} holds {pending} items (limit "
+                f"{s.max_stream_pending}); retry later",
+                pool=pool,
+            )
+        in_flight = self.lane_in_flight.get(lane, 0) + n_items
+        if in_flight > s.max_lane_in_flight_items:
+            self.lane_rejections[lane] = self.lane_rejections.get(lane, 0) + 1
+            if s.lane_backpressure_enforce:
+                raise Backpressure(
+                    f"lane {'/'.join(lane)} has {in_flight} items in flight on this gateway "
+                    f"(limit {s.max_lane_in_flight_items}); retry later",
+                    pool=pool,
+                )
+
+    async def _stream_pending(self, pool: str) -> int:
+        now = time.monotonic()
+        cached = self._stream_pending_cache.get(pool)
+        if cached is not None and now - cached[1] < 0.25:
+            return cached[0]
+        try:
+            count = (await self.bus.stream_info(stream_name(pool))).messages
+        except NoStreamError:
+            count = 0
+        except SieError as exc:  # the bus is away: the publish will say so (503)
+            log.debug("stream pending check failed: %s", exc.message)
+            return 0
+        self._stream_pending_cache[pool] = (count, now)
+        return count
 
     async def _ensure_stream(self, pool: str) -> None:
         if pool not in self._streams:
@@ -336,10 +390,13 @@ class GatewayRole:
                 machine_profile=profile,
                 bundle=bundle,
             )
+        lane = (pool, profile, bundle)
+        await self._admit(lane, len(items))
         subject = work_subject(pool, profile, bundle, model_id)
         request_id = request_id or uuid7()
         reply = inbox_subject(self.router_id, request_id)
         col = _Collector(len(items), [None] * len(items), len(items))
+        self.lane_in_flight[lane] = self.lane_in_flight.get(lane, 0) + len(items)
         self._pending[request_id] = col
         published = False
         try:
@@ -383,6 +440,7 @@ class GatewayRole:
                 ) from None
         finally:
             self._pending.pop(request_id, None)
+            self.lane_in_flight[lane] -= len(items)
             if published and not col.done.is_set():
                 await self._abandon(request_id)
         results = [r for r in col.results if r is not None]
