@@ -229,10 +229,14 @@ class WorkerRole:
             want = min(64, max(1, self._inflight.value))
             try:
                 msgs = await consumer.fetch(want, timeout_s=1.0)
-            except BusError as exc:
+            except Exception as exc:  # nothing may stop the pull loop
                 # e.g. a broker restart erased a memory stream and its consumer:
                 # ensure both again (waits while the broker is away)
-                log.warning("fetch failed: %s; re-attaching to the work stream", exc)
+                log.warning(
+                    "fetch failed (%s: %s); re-attaching to the work stream",
+                    type(exc).__name__,
+                    exc,
+                )
                 await anyio.sleep(0.5)
                 consumer = await self._attach()
                 continue

@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from sie.core.subjects import ADVISORY_MAX_DELIVERIES, subject_matches
+from sie.transport._buffered import BufferedSubscription
 from sie.transport.base import (
     BusError,
     ConsumerConfig,
@@ -49,40 +49,17 @@ def _filters_overlap(a: str, b: str) -> bool:
     return True
 
 
-class _MemSubscription:
+class _MemSubscription(BufferedSubscription):
     def __init__(self, bus: MemoryBus, subject: str, max_pending: int) -> None:
-        self.subject = subject
-        self.dropped = 0
+        super().__init__(subject, max_pending)
         self._bus = bus
-        send, recv = anyio.create_memory_object_stream[Msg](max_pending)
-        self._send: MemoryObjectSendStream[Msg] = send
-        self._recv: MemoryObjectReceiveStream[Msg] = recv
 
     def _deliver(self, msg: Msg) -> None:
-        try:
-            self._send.send_nowait(msg)
-        except anyio.WouldBlock:
-            self.dropped += 1  # slow consumer: NATS drops too
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass
-
-    async def __aiter__(self) -> AsyncIterator[Msg]:
-        try:
-            async for msg in self._recv:
-                yield msg
-        except anyio.ClosedResourceError:
-            return
-
-    async def next_msg(self, timeout_s: float) -> Msg:
-        try:
-            with anyio.fail_after(timeout_s):
-                return await self._recv.receive()
-        except anyio.EndOfStream as exc:
-            raise BusError(f"subscription {self.subject!r} closed") from exc
+        self.deliver(msg)
 
     async def unsubscribe(self) -> None:
         self._bus._subs.discard(self)
-        self._send.close()
+        self.close()
 
 
 @dataclass(slots=True)

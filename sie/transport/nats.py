@@ -18,12 +18,13 @@ Connection: retries the initial connect, then reconnects forever with backoff
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
 import anyio.abc
 
+from sie.transport._buffered import BufferedSubscription
 from sie.transport.base import (
     BusError,
     ConsumerConfig,
@@ -65,54 +66,30 @@ def _msg(m: NatsMsg) -> Msg:
     return Msg(m.subject, m.data, dict(m.headers) if m.headers else None)
 
 
-class _NatsSubscription:
-    """A core subscription whose messages flow through a bounded memory stream.
+class _NatsSubscription(BufferedSubscription):
+    """A core subscription, buffered in process.
 
     It can be created before the connection exists: the bus binds it to the broker
-    once connected, and nats-py keeps it across reconnects. A full buffer (a slow
-    reader) drops messages, as a NATS slow consumer would.
+    once connected, and nats-py keeps it across reconnects.
     """
 
     def __init__(self, subject: str, max_pending: int) -> None:
-        self.subject = subject
-        self._send, self._recv = anyio.create_memory_object_stream[Msg](max_pending)
+        super().__init__(subject, max_pending)
         self._sub: Any = None
         self._closed = False
-        self.dropped = 0
 
     async def _on_msg(self, m: NatsMsg) -> None:
-        try:
-            self._send.send_nowait(_msg(m))
-        except anyio.WouldBlock:
-            self.dropped += 1
-            if self.dropped in (1, 100, 10_000):
-                log.warning("slow reader on %s: %d message(s) dropped", self.subject, self.dropped)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass
+        self.deliver(_msg(m))
 
     async def bind(self, nc: Client) -> None:
         if self._sub is None and not self._closed:
             self._sub = await nc.subscribe(self.subject, cb=self._on_msg)
 
-    async def __aiter__(self) -> AsyncIterator[Msg]:
-        try:
-            async for m in self._recv:
-                yield m
-        except anyio.ClosedResourceError:
-            return
-
-    async def next_msg(self, timeout_s: float) -> Msg:
-        try:
-            with anyio.fail_after(timeout_s):
-                return await self._recv.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError) as exc:
-            raise BusError(f"subscription {self.subject!r} is closed") from exc
-
     async def unsubscribe(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._send.close()
+        self.close()
         sub, self._sub = self._sub, None
         if sub is not None:
             try:
@@ -135,7 +112,7 @@ class _NatsJsMsg:
     async def _settle(self, what: str, coro: Any) -> None:
         try:
             await coro
-        except nats.errors.Error as exc:
+        except (nats.errors.Error, TimeoutError) as exc:
             raise BusError(f"{what} failed: {exc}") from exc
 
     async def ack(self) -> None:
@@ -162,7 +139,7 @@ class _NatsPullConsumer:
     async def fetch(self, batch: int, timeout_s: float) -> list[Any]:
         try:
             msgs = await self._psub.fetch(batch, timeout=max(timeout_s, 0.001))
-        except nats.errors.TimeoutError:
+        except (nats.errors.TimeoutError, TimeoutError):  # nats-py raises both kinds
             return []
         except nats.js.errors.NotFoundError as exc:
             raise BusError(f"consumer {self._durable!r} or its stream is gone") from exc
@@ -175,7 +152,7 @@ class _NatsPullConsumer:
             ci = await self._bus._jsx().consumer_info(self._stream, self._durable)
         except nats.js.errors.NotFoundError as exc:
             raise BusError(f"consumer {self._durable!r} not found") from exc
-        except nats.errors.Error as exc:
+        except (nats.errors.Error, TimeoutError) as exc:
             raise BusError(f"consumer info failed: {exc}") from exc
         return ConsumerInfo(
             stream=self._stream,
@@ -321,7 +298,7 @@ class NatsBus:
             raise BusError(f"NATS is disconnected; cannot publish on {subject!r}")
         try:
             await nc.publish(subject, data, headers=_headers(headers))
-        except nats.errors.Error as exc:
+        except (nats.errors.Error, TimeoutError) as exc:
             raise BusError(f"publish on {subject!r} failed: {exc}") from exc
 
     async def subscribe(self, subject: str, *, max_pending: int = 65536) -> _NatsSubscription:
@@ -394,7 +371,7 @@ class NatsBus:
         except nats.js.errors.BadRequestError as exc:
             if exc.err_code != ERR_STREAM_NAME_IN_USE:
                 raise BusError(f"add_stream {config.name}: {exc.description}") from exc
-        except nats.errors.Error as exc:
+        except (nats.errors.Error, TimeoutError) as exc:
             raise BusError(f"add_stream {config.name} failed: {exc}") from exc
         try:
             have = (await js.stream_info(config.name)).config
@@ -408,7 +385,7 @@ class NatsBus:
                 )
                 want.storage = have.storage
             return self._info(await js.update_stream(config=want))
-        except nats.errors.Error as exc:
+        except (nats.errors.Error, TimeoutError) as exc:
             raise BusError(f"reconciling stream {config.name} failed: {exc}") from exc
 
     async def stream_info(self, name: str) -> StreamInfo:
@@ -416,7 +393,7 @@ class NatsBus:
             return self._info(await self._jsx().stream_info(name))
         except nats.js.errors.NotFoundError as exc:
             raise NoStreamError(f"stream {name!r} does not exist") from exc
-        except nats.errors.Error as exc:
+        except (nats.errors.Error, TimeoutError) as exc:
             raise BusError(f"stream_info {name} failed: {exc}") from exc
 
     async def js_publish(
@@ -440,7 +417,7 @@ class NatsBus:
             if exc.err_code == ERR_STREAM_NOT_FOUND:
                 raise NoStreamError(f"no stream captures {subject!r}") from exc
             raise BusError(f"publish on {subject!r} failed: {exc.description}") from exc
-        except nats.errors.Error as exc:
+        except (nats.errors.Error, TimeoutError) as exc:
             raise BusError(f"publish on {subject!r} failed: {exc}") from exc
         return PubAck(stream=ack.stream, seq=int(ack.seq), duplicate=bool(ack.duplicate))
 
@@ -451,7 +428,7 @@ class NatsBus:
             if exc.err_code == ERR_STREAM_NOT_FOUND:
                 raise NoStreamError(f"stream {stream!r} does not exist") from exc
             raise BusError(f"message {seq} of stream {stream!r} is gone") from exc
-        except nats.errors.Error as exc:
+        except (nats.errors.Error, TimeoutError) as exc:
             raise BusError(f"get_message {stream}/{seq} failed: {exc}") from exc
         return Msg(raw.subject or "", raw.data or b"", dict(raw.headers) if raw.headers else None)
 
@@ -481,7 +458,7 @@ class NatsBus:
             if exc.err_code == ERR_STREAM_NOT_FOUND:
                 raise NoStreamError(f"stream {stream!r} does not exist") from exc
             raise BusError(f"consumer {config.durable!r} on {stream}: {exc.description}") from exc
-        except nats.errors.Error as exc:
+        except (nats.errors.Error, TimeoutError) as exc:
             raise BusError(f"consumer {config.durable!r} on {stream} failed: {exc}") from exc
         return _NatsPullConsumer(self, stream, config.durable, psub)
 
@@ -491,5 +468,5 @@ class NatsBus:
             await self._jsx().delete_stream(name)
         except nats.js.errors.NotFoundError as exc:
             raise NoStreamError(f"stream {name!r} does not exist") from exc
-        except nats.errors.Error as exc:
+        except (nats.errors.Error, TimeoutError) as exc:
             raise BusError(f"delete_stream {name} failed: {exc}") from exc
