@@ -33,7 +33,7 @@ import anyio
 import anyio.abc
 import httpx
 
-from sie.core.config import ModelConfig, load_yaml, parse_bundle, parse_model_config
+from sie.core.config import Bundle, ModelConfig, load_yaml, parse_bundle, parse_model_config
 from sie.core.epoch import ConfigEpoch
 from sie.core.errors import SieError
 from sie.core.registry import SOURCE_API, ModelRegistry
@@ -218,10 +218,10 @@ class ConfigSync:
                 except SieError as exc:
                     raise BootstrapError(f"bundle {bid!r}: {exc.message}") from exc
             export = self._json(await self._get(client, "/v1/configs/export"))
-        self.registry.install_bundles(bundles)
-        configs, failed, total = self._parse_export(export)
+        configs, failed, total = self._parse_export(export, bundles)
         if failed:
             raise BootstrapError(f"export: {failed} of {total} model entries failed to apply")
+        self.registry.install_bundles(bundles)
         self.registry.replace_models(configs)
         export_epoch = int(export.get("epoch", epoch))
         self.epoch.set_max(export_epoch)
@@ -231,14 +231,16 @@ class ConfigSync:
             self.on_change()
         return BootstrapOutcome(export_epoch, b_hash, bc_hash, len(configs), failed, total)
 
-    def _parse_export(self, export: Any) -> tuple[list[tuple[ModelConfig, str]], int, int]:
+    def _parse_export(
+        self, export: Any, bundles: Iterable[Bundle]
+    ) -> tuple[list[tuple[ModelConfig, str]], int, int]:
         rows = export.get("models") if isinstance(export, dict) else None
         if not isinstance(rows, list):
             raise BootstrapError("/v1/configs/export: no 'models' list")
         configs: list[tuple[ModelConfig, str]] = []
         failed = total = 0
         probe = ModelRegistry()
-        probe.install_bundles(self.registry.snapshot.bundles.values())
+        probe.install_bundles(bundles)
         for row in rows:
             body = row.get("model_config") or row.get("raw_yaml") if isinstance(row, dict) else None
             if not body:

@@ -53,7 +53,9 @@ class ModelCache:
     """Owns engines and their batchers. Run ``run()`` in a task group first.
 
     Args:
-        allowed_modules: the worker bundle's adapter modules (what may be imported).
+        allowed_modules: the worker bundle's adapter modules (what may be imported), or a
+            callable returning them at load time (the bundle may arrive from the config
+            service after the cache is built).
         run_batch: builds the batch function for an engine (see ``roles.worker``).
         device: torch device string, e.g. ``"cpu"``.
         max_batch_requests / max_batch_wait_s: batcher limits (reference §4.6).
@@ -62,7 +64,7 @@ class ModelCache:
     def __init__(
         self,
         *,
-        allowed_modules: Sequence[str],
+        allowed_modules: Sequence[str] | Callable[[], Sequence[str]],
         run_batch: RunBatch,
         device: str = "cpu",
         max_batch_requests: int = 64,
@@ -70,7 +72,7 @@ class ModelCache:
         on_batch: Callable[[str, int, int, float], Any] | None = None,
         on_change: Callable[[], Any] | None = None,
     ) -> None:
-        self._allowed = tuple(allowed_modules)
+        self._allowed = allowed_modules
         self._run_batch = run_batch
         self._device = device
         self._max_batch_requests = max_batch_requests
@@ -140,7 +142,10 @@ class ModelCache:
         limiter = anyio.CapacityLimiter(1)
         t0 = time.monotonic()
         try:
-            factory = load_engine_class(entry.profile.adapter_path, self._allowed)
+            factory = load_engine_class(
+                entry.profile.adapter_path,
+                self._allowed() if callable(self._allowed) else self._allowed,
+            )
             engine = factory(entry.config, entry.profile, self._device)
             await anyio.to_thread.run_sync(engine.load, limiter=limiter)
         except SieError as exc:

@@ -122,9 +122,8 @@ class WorkerRole:
         self.metrics = metrics
         self.worker_id = settings.worker_id
         self._status_changed = anyio.Event()
-        bundle = registry.snapshot.bundles.get(settings.bundle)
         self.models = ModelCache(
-            allowed_modules=bundle.adapters if bundle else (),
+            allowed_modules=self._bundle_adapters,
             run_batch=encode_batch_fn,
             device=settings.device,
             max_batch_requests=settings.max_batch_requests,
@@ -151,6 +150,10 @@ class WorkerRole:
         self._active: dict[str, set[anyio.CancelScope]] = {}
         self.ready = False
 
+    def _bundle_adapters(self) -> tuple[str, ...]:
+        bundle = self.registry.snapshot.bundles.get(self.settings.bundle)
+        return tuple(bundle.adapters) if bundle else ()
+
     def _on_batch(self, model: str, n: int, tokens: int, _s: float) -> None:
         self.metrics.batch_size.labels(model).observe(n)
         self.metrics.tokens.labels(model).inc(tokens)
@@ -158,19 +161,30 @@ class WorkerRole:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Start (heartbeats, config sync), then attach the lane consumer (waiting for the
-        bus if it is not reachable yet), preload, and serve until cancelled."""
+        """Start config sync, learn the bundle (from the seed, or from the config
+        service's bootstrap when the worker has no seed), then heartbeats, attach the
+        lane consumer (waiting for the bus if it is not reachable yet), preload, and
+        serve until cancelled.
+
+        Raises:
+            SieError: the bundle is unknown to the seed and to the config service, or
+                a ``--preload`` model id is unknown.
+        """
         s = self.settings
-        if s.bundle not in self.registry.snapshot.bundles:
-            raise SieError(f"worker bundle {s.bundle!r} is not among the loaded bundles")
-        preload = [self.registry.resolve(m)[0] for m in s.preload]  # unknown id: fail at start
+        if s.bundle not in self.registry.snapshot.bundles and self.sync.base_url is None:
+            raise SieError(
+                f"worker bundle {s.bundle!r} is not among the loaded bundles (give "
+                "--bundles-dir, or SIE_CONFIG_SERVICE_URL to load it from the config service)"
+            )
         cancels = await self.bus.subscribe(CANCEL_WILDCARD)
         async with anyio.create_task_group() as tg:
             await tg.start(self.models.run)
-            tg.start_soon(self._heartbeats)
             tg.start_soon(self._read_cancels, cancels)
             await tg.start(run_config_sync, self.bus, self.sync, config_subject(s.bundle))
             task_status.started()
+            await self._await_bundle()
+            preload = [self.registry.resolve(m)[0] for m in s.preload]  # unknown id: fail
+            tg.start_soon(self._heartbeats)
             consumer = await self._attach()
             for entry in preload:
                 try:
@@ -180,6 +194,27 @@ class WorkerRole:
             self.ready = True
             self._status_changed.set()
             await self._pull_loop(consumer, tg)
+
+    async def _await_bundle(self) -> None:
+        """Wait until the registry knows this worker's bundle (architecture §4: a worker
+        without a seed learns its bundle from the config service's bootstrap, which
+        retries with backoff while the service is away).
+
+        Raises:
+            SieError: the config service bootstrapped and does not know the bundle.
+        """
+        bundle = self.settings.bundle
+        logged = False
+        while bundle not in self.registry.snapshot.bundles:
+            if self.sync.bootstrapped:
+                raise SieError(
+                    f"worker bundle {bundle!r} is unknown to the config service at "
+                    f"{self.sync.base_url}"
+                )
+            if not logged:
+                log.info("waiting for bundle %r from the config service", bundle)
+                logged = True
+            await anyio.sleep(0.1)
 
     async def _attach(self) -> PullConsumer:
         """Ensure the pool stream and this lane's durable consumer; retried with backoff

@@ -48,10 +48,6 @@ class Topology:
                 self.nats.url,
                 "--host",
                 "127.0.0.1",
-                "--models-dir",
-                str(CONFIGS),
-                "--bundles-dir",
-                str(BUNDLES),
                 *args,
             ],
             cwd=ROOT,
@@ -67,14 +63,25 @@ class Topology:
 
     def start(self) -> None:
         self.nats.start()
-        self.spawn("config", "--roles=config", "--config-port", str(self.cfg_port))
+        # only the config role reads the model and bundle files; gateway and workers
+        # start with no seed and bootstrap from it (architecture §4)
+        self.spawn(
+            "config",
+            "--roles=config",
+            "--config-port",
+            str(self.cfg_port),
+            "--models-dir",
+            str(CONFIGS),
+            "--bundles-dir",
+            str(BUNDLES),
+        )
+        config_url = f"http://127.0.0.1:{self.cfg_port}"
         self.spawn(
             "gateway",
             "--roles=gateway",
             "--port",
             str(self.gw_port),
-            "--config-service-url",
-            f"http://127.0.0.1:{self.cfg_port}",
+            SIE_CONFIG_SERVICE_URL=config_url,
             SIE_GATEWAY_REQUEST_TIMEOUT=str(REQUEST_TIMEOUT_S),
         )
         for w in ("w1", "w2"):
@@ -83,6 +90,7 @@ class Topology:
                 "--roles=worker",
                 "--preload",
                 MINILM,
+                SIE_CONFIG_SERVICE_URL=config_url,
                 SIE_WORKER_ID=w,
                 SIE_ACK_WAIT_S="3",
             )

@@ -12,12 +12,18 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import httpx
 import numpy as np
 import pytest
 
 from sie.core.config import parse_model_config
+from sie.core.errors import SieError
 from sie.core.hashing import bundle_document
+from sie.core.registry import ModelRegistry
+from sie.roles.worker import WorkerRole
+from sie.settings import ServeSettings
+from sie.transport.memory import MemoryBus
 from tests.conftest import MINILM, Stack, post_until_ok, run_stack, wait_for
 
 pytestmark = pytest.mark.slow
@@ -197,3 +203,60 @@ def test_worker_behind_the_gateway_retries_instead_of_404(flow: Stack) -> None:
         assert "acme/lagged" in run.worker.registry.snapshot.configs
     finally:
         run.config.authority.publisher = publisher
+
+
+def _seedless_worker(cfg_url: str | None, bundle: str) -> Any:
+    settings = ServeSettings(
+        roles=("worker",), bundle=bundle, worker_id=f"seedless-{time.monotonic_ns()}"
+    )
+    return MemoryBus(), lambda bus: WorkerRole(
+        bus, ModelRegistry(), settings, config_service_url=cfg_url
+    )
+
+
+@pytest.mark.anyio
+async def test_worker_without_a_seed_loads_its_bundle_from_the_config_service(
+    flow: Stack,
+) -> None:
+    # architecture §4: a worker process started with no --models-dir/--bundles-dir
+    bus, make = _seedless_worker(f"http://127.0.0.1:{flow.running.config_port}", "default")
+    async with bus, anyio.create_task_group() as tg:
+        worker = make(bus)
+        await tg.start(worker.run)
+        for _ in range(600):
+            if worker.ready:
+                break
+            await anyio.sleep(0.05)
+        assert "default" in worker.registry.snapshot.bundles
+        assert MINILM in worker.registry.snapshot.entries
+        assert worker.heartbeat().bundle_config_hash == (
+            flow.running.config.registry.snapshot.bundle_config_hash("default", "default")
+        )
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_worker_for_a_bundle_the_config_service_lacks_fails_clearly(flow: Stack) -> None:
+    bus, make = _seedless_worker(f"http://127.0.0.1:{flow.running.config_port}", "nope")
+    with pytest.raises(BaseException) as info:
+        async with bus, anyio.create_task_group() as tg:
+            with anyio.fail_after(30):
+                await tg.start(make(bus).run)
+                await anyio.sleep_forever()
+    leaf = info.value
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    assert isinstance(leaf, SieError) and "'nope' is unknown to the config service" in str(
+        leaf.message
+    )
+
+
+def test_worker_without_a_seed_or_config_service_refuses_to_start() -> None:
+    bus, make = _seedless_worker(None, "default")
+
+    async def go() -> None:
+        async with bus:
+            await make(bus).run()
+
+    with pytest.raises(SieError, match="SIE_CONFIG_SERVICE_URL"):
+        anyio.run(go)

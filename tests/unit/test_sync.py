@@ -129,6 +129,7 @@ async def test_partial_apply_changes_no_model_and_advances_nothing() -> None:
     with pytest.raises(BootstrapError, match="1 of 2"):
         await s.bootstrap_once()
     assert s.epoch.get() == 0 and not s.registry.snapshot.configs and s.bundles_hash == ""
+    assert not s.registry.snapshot.bundles  # bundles too: all or nothing (§4.1)
 
 
 async def test_rows_without_a_body_are_skipped_not_failed() -> None:
