@@ -5,12 +5,55 @@ Metric names follow reference §4.12 where one exists.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Iterator
+from typing import Protocol
+
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
-__all__ = ["METRICS", "Metrics", "tracer"]
+__all__ = ["LANE_LABELS", "METRICS", "LaneGauges", "LaneSource", "Metrics", "tracer"]
 
 tracer = trace.get_tracer("sie")
+
+#: Labels of every per-lane series (architecture §8: the physical lane).
+LANE_LABELS = ("pool", "machine_profile", "bundle")
+
+_LANE_GAUGES = {
+    "sie_gateway_pending_demand": "Requests turned away (provisioning or backpressure) per "
+    "lane since its last publish; expires 120 s after the last one (architecture §2)",
+    "sie_gateway_lane_in_flight_items": "Work items in flight on this gateway per lane",
+}
+
+
+class LaneSource(Protocol):
+    def lane_values(self) -> dict[str, dict[tuple[str, str, str], float]]: ...
+
+
+class LaneGauges(Collector):
+    """Per-lane gauges computed at scrape time from every live source (gateways),
+    summed per lane, so expiry needs no timer and several gateways in one process add up."""
+
+    def __init__(self) -> None:
+        self._sources: weakref.WeakSet[LaneSource] = weakref.WeakSet()
+
+    def add(self, source: LaneSource) -> None:
+        self._sources.add(source)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        totals: dict[str, dict[tuple[str, str, str], float]] = {n: {} for n in _LANE_GAUGES}
+        for source in list(self._sources):
+            for name, values in source.lane_values().items():
+                acc = totals.setdefault(name, {})
+                for lane, v in values.items():
+                    acc[lane] = acc.get(lane, 0.0) + v
+        for name, doc in _LANE_GAUGES.items():
+            family = GaugeMetricFamily(name, doc, labels=LANE_LABELS)
+            for lane, v in sorted(totals[name].items()):
+                family.add_metric(lane, v)
+            yield family
 
 
 class Metrics:
@@ -41,6 +84,22 @@ class Metrics:
             "sie_tokens_processed_total",
             "Tokens run through engines",
             ["model"],
+            registry=self.registry,
+        )
+        # per-lane gateway admission (architecture §2; bounded labels, see roles._lanes)
+        self.lane_gauges = LaneGauges()
+        self.registry.register(self.lane_gauges)
+        self.lane_admission_decisions = Counter(
+            "sie_gateway_queue_lane_admission_decisions",
+            "Per-lane admission decisions: admit, would_shed (over the limit, not enforced), shed",
+            [*LANE_LABELS, "decision"],
+            registry=self.registry,
+        )
+        self.rejected_requests = Counter(
+            "sie_gateway_rejected_requests",
+            "Requests turned away before publishing, per lane and reason "
+            "(provisioning, queue_full, lane_full)",
+            [*LANE_LABELS, "reason"],
             registry=self.registry,
         )
         self.work_items = Counter(

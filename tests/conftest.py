@@ -25,6 +25,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from sie.container import Container, Running
 from sie.settings import ServeSettings
+from sie.telemetry import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
@@ -79,6 +80,7 @@ class Stack:
     running: Running
     portal: BlockingPortal
     settings: ServeSettings
+    metrics: Metrics
 
 
 @contextmanager
@@ -99,16 +101,19 @@ def run_stack(*, wait_worker: bool = True, **overrides: Any) -> Iterator[Stack]:
         **overrides,
     }
     settings = ServeSettings(**values)
+    metrics = Metrics()  # per stack: /metrics shows this stack's counts only
     with start_blocking_portal() as portal:
         shutdown = portal.call(anyio.Event)
-        future, running = portal.start_task(Container(settings).run, shutdown)
+        future, running = portal.start_task(Container(settings, metrics=metrics).run, shutdown)
         try:
             if running.worker is not None and wait_worker:
                 deadline = time.monotonic() + 120
                 while not running.worker.ready and time.monotonic() < deadline:
                     time.sleep(0.05)
                 assert running.worker.ready, "worker did not become ready"
-            yield Stack(f"http://127.0.0.1:{running.gateway_port}", running, portal, settings)
+            yield Stack(
+                f"http://127.0.0.1:{running.gateway_port}", running, portal, settings, metrics
+            )
         finally:
             portal.call(shutdown.set)
             future.result(timeout=60)

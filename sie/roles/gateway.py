@@ -45,6 +45,7 @@ from sie.core.subjects import (
 from sie.core.wire import Heartbeat, WorkItem, WorkResult
 from sie.roles._config_sync import build_config_sync, run_config_sync
 from sie.roles._dlq import DeadLetters
+from sie.roles._lanes import Lane, LaneTelemetry
 from sie.settings import ServeSettings
 from sie.telemetry import METRICS, Metrics
 from sie.transport.base import Bus, NoStreamError, StreamFullError, work_stream_config
@@ -137,9 +138,8 @@ class GatewayRole:
         self.router_id = settings.router_id
         self._pending: dict[str, _Collector] = {}
         self.late_results = 0
-        # per-lane (pool, machine_profile, bundle) work items in flight on this gateway
-        self.lane_in_flight: dict[tuple[str, str, str], int] = {}
-        self.lane_rejections: dict[tuple[str, str, str], int] = {}
+        # per-lane in-flight items, admission decisions and pending demand (§2)
+        self.lanes = LaneTelemetry(metrics)
         self._stream_pending_cache: dict[str, tuple[int, float]] = {}
         self._streams: set[str] = set()
         self.workers: dict[str, WorkerView] = {}
@@ -268,33 +268,36 @@ class GatewayRole:
                 return s, last_error
         return "available", last_error
 
-    async def _admit(self, lane: tuple[str, str, str], n_items: int) -> None:
-        """Backpressure (architecture §2): pool-wide against the work stream's stored
-        count (``max_stream_pending``; refreshed at most every 250 ms), and per lane
-        against this gateway's in-flight items, which only sheds when
-        ``lane_backpressure_enforce`` is set.
+    async def _admit(self, lane: Lane, pool: str, n_items: int) -> None:
+        """Backpressure (architecture §2). The per-lane decision against this gateway's
+        in-flight items is always computed and recorded (``admit`` / ``would_shed`` /
+        ``shed``) but only sheds when ``lane_backpressure_enforce`` is set; the pool-wide
+        check against the work stream's stored count (``max_stream_pending``; refreshed
+        at most every 250 ms) always applies. Both sheds record pending demand.
 
         Raises:
             Backpressure: 503 with Retry-After 5.
         """
         s = self.settings
-        pool = lane[0]
+        in_flight = self.lanes.in_flight.get(lane, 0) + n_items
+        over = in_flight > s.max_lane_in_flight_items
+        shed = over and s.lane_backpressure_enforce
+        self.lanes.decision(lane, "shed" if shed else "would_shed" if over else "admit")
         pending = await self._stream_pending(pool)
         if pending >= s.max_stream_pending:
+            self.lanes.record_demand(lane, "queue_full")
             raise Backpressure(
                 f"work queue for pool {pool!r} holds {pending} items (limit "
                 f"{s.max_stream_pending}); retry later",
                 pool=pool,
             )
-        in_flight = self.lane_in_flight.get(lane, 0) + n_items
-        if in_flight > s.max_lane_in_flight_items:
-            self.lane_rejections[lane] = self.lane_rejections.get(lane, 0) + 1
-            if s.lane_backpressure_enforce:
-                raise Backpressure(
-                    f"lane {'/'.join(lane)} has {in_flight} items in flight on this gateway "
-                    f"(limit {s.max_lane_in_flight_items}); retry later",
-                    pool=pool,
-                )
+        if shed:
+            self.lanes.record_demand(lane, "lane_full")
+            raise Backpressure(
+                f"lane {pool}/{lane[1]}/{lane[2]} has {in_flight} items in flight on this "
+                f"gateway (limit {s.max_lane_in_flight_items}); retry later",
+                pool=pool,
+            )
 
     async def _stream_pending(self, pool: str) -> int:
         now = time.monotonic()
@@ -383,20 +386,21 @@ class GatewayRole:
                 )
         pool = (pool or entry.config.effective_pool).lower()
         profile = (machine_profile or self.settings.machine_profile).lower()
+        lane = self.lanes.lane(pool, profile, bundle)
         if not self.lane_served(pool, profile, bundle):
+            self.lanes.record_demand(lane, "provisioning")  # for the autoscaler (§2)
             raise Provisioning(
                 f"no worker serves pool {pool!r}, machine profile {profile!r}, bundle {bundle!r}; retry later",
                 pool=pool,
                 machine_profile=profile,
                 bundle=bundle,
             )
-        lane = (pool, profile, bundle)
-        await self._admit(lane, len(items))
+        await self._admit(lane, pool, len(items))
         subject = work_subject(pool, profile, bundle, model_id)
         request_id = request_id or uuid7()
         reply = inbox_subject(self.router_id, request_id)
         col = _Collector(len(items), [None] * len(items), len(items))
-        self.lane_in_flight[lane] = self.lane_in_flight.get(lane, 0) + len(items)
+        self.lanes.add_in_flight(lane, len(items))
         self._pending[request_id] = col
         published = False
         try:
@@ -426,7 +430,8 @@ class GatewayRole:
                 )
                 work.append((wi.work_item_id, self._encode_item(wi)))
             published = True
-            await self._publish_all(subject, pool, work)
+            await self._publish_all(subject, lane, pool, work)
+            self.lanes.clear_demand(lane)  # the lane is being served (§8)
             publish_ms = (time.monotonic() - t0) * 1000.0
             try:
                 with anyio.fail_after(timeout_s or self.settings.request_timeout_s):
@@ -440,7 +445,7 @@ class GatewayRole:
                 ) from None
         finally:
             self._pending.pop(request_id, None)
-            self.lane_in_flight[lane] -= len(items)
+            self.lanes.add_in_flight(lane, -len(items))
             if published and not col.done.is_set():
                 await self._abandon(request_id)
         results = [r for r in col.results if r is not None]
@@ -464,12 +469,14 @@ class GatewayRole:
                 f"params.options: cannot be forwarded: {exc.message}", field="params.options"
             ) from exc
 
-    async def _publish_all(self, subject: str, pool: str, work: list[tuple[str, bytes]]) -> None:
+    async def _publish_all(
+        self, subject: str, lane: Lane, pool: str, work: list[tuple[str, bytes]]
+    ) -> None:
         """Publish a request's work items with overlapping JetStream acks (at most
         ``PUBLISH_CONCURRENCY`` in flight, architecture §8.2); the first failure
         cancels the rest and is raised."""
         if len(work) == 1:
-            await self._publish(subject, pool, *work[0])
+            await self._publish(subject, lane, pool, *work[0])
             return
         limiter = anyio.CapacityLimiter(PUBLISH_CONCURRENCY)
         failures: list[SieError] = []
@@ -477,7 +484,7 @@ class GatewayRole:
         async def one(work_item_id: str, data: bytes) -> None:
             async with limiter:
                 try:
-                    await self._publish(subject, pool, work_item_id, data)
+                    await self._publish(subject, lane, pool, work_item_id, data)
                 except SieError as exc:
                     failures.append(exc)
                     tg.cancel_scope.cancel()
@@ -488,11 +495,14 @@ class GatewayRole:
         if failures:
             raise failures[0]
 
-    async def _publish(self, subject: str, pool: str, work_item_id: str, data: bytes) -> None:
+    async def _publish(
+        self, subject: str, lane: Lane, pool: str, work_item_id: str, data: bytes
+    ) -> None:
         """One JetStream publish; ``work_item_id`` is the ``Nats-Msg-Id`` (dedupe)."""
         try:
             await self.bus.js_publish(subject, data, msg_id=work_item_id)
         except StreamFullError as exc:
+            self.lanes.record_demand(lane, "queue_full")
             raise Backpressure(f"work queue for pool {pool!r} is full; retry later") from exc
         except NoStreamError:
             self._streams.discard(pool)  # stream deleted under us (e.g. broker restart)

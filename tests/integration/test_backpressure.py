@@ -9,6 +9,8 @@ import httpx
 from tests.conftest import MINILM, run_stack, wait_for
 
 URL = f"/v1/encode/{MINILM}"
+LANE = ("default", "default", "default")
+LABELS = 'bundle="default",machine_profile="default",pool="default"'
 ONE = {"items": [{"text": "x"}]}
 
 
@@ -26,7 +28,12 @@ def test_stream_pending_limit_is_503_queue_full() -> None:
         r = c.post(URL, json=ONE)
         assert r.status_code == 503, r.text
         assert r.headers["Retry-After"] == "5" and r.headers["X-SIE-Error-Code"] == "QUEUE_FULL"
-        assert gw.lane_in_flight[("default", "default", "default")] == 0
+        assert gw.lanes.in_flight.get(LANE, 0) == 0
+        # the shed records demand for the exact lane (§2) and shows on /metrics
+        assert gw.lanes.pending_demand() == {LANE: 1}
+        text = c.get("/metrics").text
+        assert f"sie_gateway_pending_demand{{{LABELS}}} 1.0" in text
+        assert f'sie_gateway_rejected_requests_total{{{LABELS},reason="queue_full"}} 1.0' in text
 
 
 def test_lane_limit_counts_and_only_sheds_when_enforced() -> None:
@@ -43,7 +50,14 @@ def test_lane_limit_counts_and_only_sheds_when_enforced() -> None:
             assert r.status_code == want, r.text
             gw = s.running.gateway
             assert gw is not None
-            assert gw.lane_rejections[("default", "default", "default")] == 1
+            decision = "shed" if enforce else "would_shed"
+            assert gw.lanes.decisions(LANE, decision) == 1
+            assert gw.lanes.pending_demand() == ({LANE: 1} if enforce else {})
+            # within the limit: admitted, and a published request clears the lane's demand
+            r = httpx.post(s.base_url + URL, json=ONE, timeout=10)
+            assert r.status_code == 504
+            assert gw.lanes.decisions(LANE, "admit") == 1
+            assert gw.lanes.pending_demand() == {}
 
 
 def test_late_results_are_dropped_without_decoding() -> None:

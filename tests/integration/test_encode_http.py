@@ -438,11 +438,7 @@ def test_abandoned_request_is_dropped_by_the_worker(
     import time
 
     from sie.core.subjects import stream_name
-    from sie.telemetry import METRICS
     from tests.conftest import run_stack
-
-    def cancelled() -> float:
-        return METRICS.work_items.labels(MINILM, "cancelled")._value.get()
 
     extra = (
         {"bus": "nats", "nats_url": request.getfixturevalue("nats_server").url}
@@ -453,6 +449,10 @@ def test_abandoned_request_is_dropped_by_the_worker(
         run_stack(preload=(MINILM,), request_timeout_s=0.5, max_batch_requests=1, **extra) as s,
         httpx.Client(base_url=s.base_url, timeout=30) as c,
     ):
+
+        def cancelled() -> float:
+            return s.metrics.work_items.labels(MINILM, "cancelled")._value.get()
+
         before = cancelled()
         items = [
             {"text": f"item {i} " + "long text " * 120} for i in range(400)
@@ -511,6 +511,19 @@ def test_no_worker_for_the_lane() -> None:
         )
         h = c.get("/health").json()
         assert h["status"] == "degraded" and h["workers"] == []
+        # pending demand for the exact lane, for the autoscaler (§2), on /metrics
+        gw = s.running.gateway
+        assert gw is not None
+        assert gw.lanes.pending_demand() == {("default", "default", "default"): 1}
+        c.post(URL, json={"items": [{"text": "again"}]}, headers={"X-SIE-Machine-Profile": "L4"})
+        assert gw.lanes.pending_demand() == {
+            ("default", "default", "default"): 1,
+            ("default", "l4", "default"): 1,
+        }
+        text = c.get("/metrics").text
+        lane = 'bundle="default",machine_profile="l4",pool="default"'
+        assert f"sie_gateway_pending_demand{{{lane}}} 1.0" in text
+        assert f'sie_gateway_rejected_requests_total{{{lane},reason="provisioning"}} 1.0' in text
 
 
 def test_unserved_machine_profile_is_provisioning(client: httpx.Client, stack: Stack) -> None:
