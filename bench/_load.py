@@ -8,7 +8,10 @@ import argparse
 import asyncio
 import json
 import resource
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 
 async def worker(
@@ -26,16 +29,44 @@ async def worker(
         t0 = time.perf_counter()
         writer.write(head + body)
         status = int((await reader.readline()).split()[1])
-        length = 0
+        length, close = 0, False
         while (line := await reader.readline()) not in (b"\r\n", b""):
             k, _, v = line.decode().partition(":")
             if k.lower() == "content-length":
                 length = int(v)
+            elif k.lower() == "connection" and v.strip().lower() == "close":
+                close = True  # e.g. hypercorn's keep_alive_max_requests (1000)
         await reader.readexactly(length)
         lat.append(time.perf_counter() - t0)
         if status != 200:
             errs.append(status)
+        if close:
+            writer.close()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.close()
+
+
+def run_load(port: int, model: str, connections: int, seconds: float) -> dict[str, float]:
+    """Run this generator in a subprocess against ``127.0.0.1:port`` and return its JSON."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__)),
+            "--port",
+            str(port),
+            "--model",
+            model,
+            "--connections",
+            str(connections),
+            "--seconds",
+            str(seconds),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode:
+        raise RuntimeError(f"load generator failed:\n{out.stderr[-2000:]}")
+    return dict(json.loads(out.stdout))
 
 
 async def main() -> None:

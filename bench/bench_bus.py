@@ -1,13 +1,18 @@
 """Per-request overhead of the NATS bus against the in-memory bus (issue 4, acceptance 5).
 
 A trivial engine isolates the bus: an echo worker consumes the lane and answers each
-work item at once with a 384-float result. The gateway role publishes one work item per
-request (1 item per request) and waits for its result, over the in-memory bus and over a
-real nats-server (JetStream work queue + core inbox), at 1 and 32 concurrent requests.
-Reported: p50 / p99 latency in milliseconds and the NATS - memory difference.
+work item at once with a 384-float result. One item per request, over the in-memory
+bus and over a real nats-server (JetStream work queue + core inbox). Two views:
 
-No HTTP and no model: HTTP costs the same on both buses (see bench_encode.py).
-Usage: ``.venv/bin/python bench/bench_bus.py [--requests 2000]`` (not part of make test).
+1. **role**: the gateway role called directly (no HTTP), ``--requests`` requests at 1
+   and 32 concurrent requests: the bus's own cost;
+2. **http**: the gateway behind hypercorn (``sie serve --roles=gateway``'s container)
+   driven by ``bench/_load.py`` in another process over 1 and 32 keep-alive
+   connections for ``--seconds`` each: what a client sees.
+
+Reported: p50 / p99 latency in milliseconds and the NATS - memory difference.
+Usage: ``.venv/bin/python bench/bench_bus.py [--requests 2000] [--seconds 8]``
+(part of ``make bench``, never of ``make test``).
 """
 
 from __future__ import annotations
@@ -24,13 +29,18 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
+from _load import run_load  # noqa: E402
+
+from sie.container import Container  # noqa: E402
 from sie.control.seed import load_bundles, load_models  # noqa: E402
 from sie.core.registry import ModelRegistry  # noqa: E402
 from sie.core.subjects import health_subject, lane_filter, stream_name  # noqa: E402
 from sie.core.wire import Heartbeat, WorkItem, WorkResult, packb  # noqa: E402
 from sie.roles.gateway import GatewayRole  # noqa: E402
 from sie.settings import ServeSettings  # noqa: E402
+from sie.telemetry import Metrics  # noqa: E402
 from sie.transport.base import Bus, ConsumerConfig, work_stream_config  # noqa: E402
 from sie.transport.memory import MemoryBus  # noqa: E402
 from tests.natsserver import NatsServer  # noqa: E402
@@ -106,12 +116,45 @@ async def measure(bus: Bus, requests: int, concurrency: int) -> list[float]:
     return lat
 
 
+async def measure_http(bus: Bus, connections: int, seconds: float) -> tuple[float, float, float]:
+    """p50 ms, p99 ms and requests/s of ``POST /v1/encode`` (1 item) through HTTP."""
+    settings = ServeSettings(
+        roles=("gateway",),
+        port=0,
+        models_dir=str(ROOT / "configs"),
+        bundles_dir=str(ROOT / "bundles"),
+        router_id=f"gw-bench-{time.monotonic_ns()}",
+        heartbeat_interval_s=0.5,
+    )
+    shutdown = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        running = await tg.start(Container(settings, bus=bus, metrics=Metrics()).run, shutdown)
+        async with anyio.create_task_group() as echo:
+            await echo.start(echo_worker, running.bus, settings)
+            port = running.gateway_port
+            await anyio.to_thread.run_sync(run_load, port, MODEL, connections, 1.0)  # warm-up
+            out = await anyio.to_thread.run_sync(run_load, port, MODEL, connections, seconds)
+            echo.cancel_scope.cancel()
+        shutdown.set()  # hypercorn stops by its own shutdown trigger, not by cancellation
+    if out["errors"]:
+        raise SystemExit(f"{out['errors']} failed requests over HTTP")
+    return out["p50_ms"], out["p99_ms"], out["rps"]
+
+
 def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q))
 
 
-async def main(requests: int) -> None:
+async def clean(nb: Any) -> None:
+    for info in await nb._js.streams_info():
+        await nb.delete_stream(info.config.name)
+
+
+async def main(requests: int, seconds: float) -> None:
     results: dict[tuple[str, int], list[float]] = {}
+    http: dict[tuple[str, int], tuple[float, float, float]] = {}
+    from sie.transport.nats import NatsBus  # the nats extra
+
     with tempfile.TemporaryDirectory() as tmp:
         server = NatsServer(Path(tmp) / "nats")
         server.start()
@@ -119,12 +162,16 @@ async def main(requests: int) -> None:
             for conc in (1, 32):
                 async with MemoryBus() as mem:
                     results[("memory", conc)] = await measure(mem, requests, conc)
-                from sie.transport.nats import NatsBus
-
                 async with NatsBus(server.url, initial_connect_attempts=3) as nb:
                     results[("nats", conc)] = await measure(nb, requests, conc)
-                    for info in await nb._js.streams_info():
-                        await nb.delete_stream(info.config.name)
+                    await clean(nb)
+            for conc in (1, 32):
+                print(f"HTTP runs, {conc} connection(s)...", flush=True)
+                http[("memory", conc)] = await measure_http(MemoryBus(), conc, seconds)
+                nb = NatsBus(server.url, initial_connect_attempts=3)
+                http[("nats", conc)] = await measure_http(nb, conc, seconds)
+                async with NatsBus(server.url, initial_connect_attempts=3) as admin:
+                    await clean(admin)
         finally:
             server.stop()
     print(f"{requests} requests of 1 item each, echo worker, gateway role (no HTTP)")
@@ -135,9 +182,19 @@ async def main(requests: int) -> None:
             f"nats p50 {pct(n, 50):6.3f} ms p99 {pct(n, 99):6.3f} ms | "
             f"NATS adds p50 {pct(n, 50) - pct(m, 50):+.3f} ms, p99 {pct(n, 99) - pct(m, 99):+.3f} ms"
         )
+    print(f"POST /v1/encode over HTTP, 1 item each, {seconds:g} s per run, keep-alive connections")
+    for conc in (1, 32):
+        (m50, m99, mrps), (n50, n99, nrps) = http[("memory", conc)], http[("nats", conc)]
+        print(
+            f"  connections={conc:>2}: memory p50 {m50:6.3f} ms p99 {m99:6.3f} ms {mrps:6.0f} req/s | "
+            f"nats p50 {n50:6.3f} ms p99 {n99:6.3f} ms {nrps:6.0f} req/s | "
+            f"NATS adds p50 {n50 - m50:+.3f} ms, p99 {n99 - m99:+.3f} ms"
+        )
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--requests", type=int, default=2000)
-    anyio.run(main, ap.parse_args().requests)
+    ap.add_argument("--requests", type=int, default=2000, help="per role-level run")
+    ap.add_argument("--seconds", type=float, default=8.0, help="per HTTP run")
+    a = ap.parse_args()
+    anyio.run(main, a.requests, a.seconds)

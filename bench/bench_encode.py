@@ -19,7 +19,6 @@ It is a benchmark, not a test: ``make test`` never runs it. Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -31,6 +30,10 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _load import run_load  # noqa: E402
+
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 WORDS = (
     "search engines rank documents by relevance to a query using dense vector embeddings "
@@ -106,24 +109,7 @@ def start_server(port: int) -> subprocess.Popen[bytes]:
 
 
 def served_throughput(port: int, connections: int, seconds: float) -> dict[str, float]:
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(Path(__file__).with_name("_load.py")),
-            "--port",
-            str(port),
-            "--model",
-            MODEL,
-            "--connections",
-            str(connections),
-            "--seconds",
-            str(seconds),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(out.stdout)
+    return run_load(port, MODEL, connections, seconds)
 
 
 def main() -> None:
