@@ -1,7 +1,9 @@
 """Split roles over NATS (issue 4 acceptance 2; architecture §1, §2, §8, §10).
 
-config, gateway and two workers run as four `sie serve` processes on one real
-nats-server. 200 concurrent encodes equal the in-process model; then a worker is
+config, two gateways and two workers run as five `sie serve` processes on one real
+nats-server; gateways and workers have no seed and bootstrap from the config role.
+200 concurrent encodes, spread over both gateways, equal the in-process model and are
+served by both workers; then a worker is
 SIGKILLed mid-flight and every request still ends in a 200 or a retryable 503/504
 (its unacked items are redelivered to the other worker), none lost, none hanging.
 """
@@ -34,7 +36,7 @@ class Topology:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.nats = NatsServer(tmp / "nats")
-        self.gw_port, self.cfg_port = free_port(), free_port()
+        self.gw_ports, self.cfg_port = (free_port(), free_port()), free_port()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def spawn(self, name: str, *args: str, **env: str) -> None:
@@ -76,14 +78,15 @@ class Topology:
             str(BUNDLES),
         )
         config_url = f"http://127.0.0.1:{self.cfg_port}"
-        self.spawn(
-            "gateway",
-            "--roles=gateway",
-            "--port",
-            str(self.gw_port),
-            SIE_CONFIG_SERVICE_URL=config_url,
-            SIE_GATEWAY_REQUEST_TIMEOUT=str(REQUEST_TIMEOUT_S),
-        )
+        for i, port in enumerate(self.gw_ports):  # two stateless gateways
+            self.spawn(
+                f"gateway{i + 1}",
+                "--roles=gateway",
+                "--port",
+                str(port),
+                SIE_CONFIG_SERVICE_URL=config_url,
+                SIE_GATEWAY_REQUEST_TIMEOUT=str(REQUEST_TIMEOUT_S),
+            )
         for w in ("w1", "w2"):
             self.spawn(
                 w,
@@ -99,8 +102,15 @@ class Topology:
             for name, p in self.procs.items():
                 assert p.poll() is None, f"{name} exited\n" + self.logs()
             try:
-                h = httpx.get(f"{self.base}/health", timeout=1).json()
-                if sum(1 for w in h["workers"] if w["ready"]) == 2:
+                if all(
+                    sum(
+                        1
+                        for w in httpx.get(f"{b}/health", timeout=1).json()["workers"]
+                        if w["ready"]
+                    )
+                    == 2
+                    for b in self.bases
+                ):
                     return
             except (httpx.HTTPError, KeyError, ValueError):
                 pass
@@ -108,8 +118,8 @@ class Topology:
         pytest.fail("topology did not become ready\n" + self.logs())
 
     @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.gw_port}"
+    def bases(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for p in self.gw_ports]
 
     def stop(self) -> None:
         for p in self.procs.values():
@@ -134,18 +144,21 @@ def topology(tmp_path: Path) -> Iterator[Topology]:
 
 
 async def fire(
-    base: str, texts: list[str], *, after: Any = None
+    bases: list[str], texts: list[str], *, after: Any = None
 ) -> list[httpx.Response | Exception]:
+    """POST each text concurrently, alternating between the gateways."""
     limits = httpx.Limits(max_connections=len(texts), max_keepalive_connections=len(texts))
-    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=REQUEST_TIMEOUT_S + 15) as c:
+    async with httpx.AsyncClient(limits=limits, timeout=REQUEST_TIMEOUT_S + 15) as c:
 
-        async def one(t: str) -> httpx.Response | Exception:
+        async def one(i: int, t: str) -> httpx.Response | Exception:
             try:
-                return await c.post(f"/v1/encode/{MINILM}", json={"items": [{"text": t}]})
+                return await c.post(
+                    f"{bases[i % len(bases)]}/v1/encode/{MINILM}", json={"items": [{"text": t}]}
+                )
             except Exception as exc:  # a hang or a dropped connection is a failure, counted
                 return exc
 
-        tasks = [asyncio.create_task(one(t)) for t in texts]
+        tasks = [asyncio.create_task(one(i, t)) for i, t in enumerate(texts)]
         if after is not None:
             await asyncio.sleep(0.3)
             after()
@@ -154,10 +167,14 @@ async def fire(
 
 def test_two_workers_share_a_lane_and_survive_a_kill(topology: Topology, st_model: Any) -> None:
     texts = [f"request number {i} about topic {i % 7}" for i in range(200)]
-    replies = asyncio.run(fire(topology.base, texts))
+    replies = asyncio.run(fire(topology.bases, texts))
     assert all(isinstance(r, httpx.Response) and r.status_code == 200 for r in replies), [
         getattr(r, "status_code", r) for r in replies if getattr(r, "status_code", 0) != 200
     ][:5]
+    # both gateways served, and both workers took work from the one lane
+    served_by = {(str(r.url).split("/v1")[0], r.headers["X-SIE-Worker"]) for r in replies}  # type: ignore[union-attr]
+    assert {b for b, _ in served_by} == set(topology.bases)
+    assert {w for _, w in served_by} == {"w1", "w2"}
     got = np.array([r.json()["items"][0]["dense"]["values"] for r in replies], dtype=np.float32)  # type: ignore[union-attr]
     np.testing.assert_allclose(got, st_model.encode(texts), atol=1e-5)
 
@@ -165,7 +182,7 @@ def test_two_workers_share_a_lane_and_survive_a_kill(topology: Topology, st_mode
     t0 = time.monotonic()
     replies = asyncio.run(
         fire(
-            topology.base,
+            topology.bases,
             [f"during the kill {i}" for i in range(200)],
             after=lambda: killed.send_signal(signal.SIGKILL),
         )
