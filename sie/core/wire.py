@@ -213,8 +213,10 @@ class _Message:
 class WorkItem(_Message):
     """One unit of work on ``sie.work.{pool}.{profile}.{bundle}.{model}`` (§16.2).
 
-    Encode fans out one work item per input item. ``item`` is the wire Item map
-    (reference §1.4: ``id``, ``text``, ...). ``timestamp`` is epoch seconds.
+    Encode and extract fan out one work item per input item; a score request is one
+    work item carrying the query and every candidate (reference §2.10). ``item`` /
+    ``query_item`` / ``score_items`` are wire Item maps (reference §1.4: ``id``,
+    ``text``, ...); ``labels`` are extract's entity types. ``timestamp`` is epoch seconds.
     """
 
     work_item_id: str
@@ -236,6 +238,10 @@ class WorkItem(_Message):
     instruction: str | None = None
     is_query: bool | None = None
     options: dict[str, Any] | None = None
+    query_item: dict[str, Any] | None = None
+    score_items: list[dict[str, Any]] | None = None
+    labels: list[str] | None = None
+    output_schema: dict[str, Any] | None = None
     accepts_result_chunks: bool | None = None
     traceparent: str | None = None
 
@@ -244,8 +250,10 @@ class WorkItem(_Message):
 class WorkResult(_Message):
     """A worker's answer for one work item, published on the request's inbox.
 
-    ``result_msgpack`` holds the msgpack-encoded per-item result (encode:
-    ``{"dense": {"dims", "dtype", "values": ndarray}}``). Times are milliseconds.
+    ``result_msgpack`` holds the msgpack-encoded result (encode: one item's
+    ``{"dense"|"sparse"|"multivector": {...}}``; score: ``{"scores": [float]}`` in
+    candidate order; extract: one item's ``{"entities": [...], ...}``). Times are
+    milliseconds.
     ``input_tokens`` is the item's token count after truncation.
     """
 

@@ -1,23 +1,131 @@
 """The engine port: what a worker needs from a model implementation.
 
-Engines are synchronous and not thread-safe; the worker runs ``load``,
-``encode`` and ``unload`` on one dedicated thread per model (see
+Engines are synchronous and not thread-safe; the worker runs ``load``, the
+task methods and ``unload`` on one dedicated thread per model (see
 ``sie.engines.batching``). Constructors take ``(config, profile, device)`` and do
 no I/O; ``load`` does the heavy work.
+
+An engine implements one or more task protocols, checked by method:
+``EncodeEngine`` (``encode``), ``ScoreEngine`` (``score``), ``ExtractEngine``
+(``extract``) — the three functions of the public API (reference §1.5-§1.7).
+Every engine may report ``memory_bytes()`` after ``load`` (parameters plus buffers;
+the worker's memory budget, reference §4.5).
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 import numpy as np
 
 from sie.core.config import ModelConfig, ResolvedProfile
 from sie.core.errors import ModelLoadFailed
 
-__all__ = ["EncodeEngine", "EngineFactory", "load_engine_class"]
+__all__ = [
+    "EncodeEngine",
+    "Engine",
+    "EngineFactory",
+    "Entity",
+    "ExtractEngine",
+    "ScoreEngine",
+    "load_engine_class",
+    "memory_bytes",
+]
+
+
+class Entity(TypedDict):
+    """One extracted span (reference §1.7). ``start``/``end`` are character offsets
+    into the original Python string, ``text == original[start:end]``; ``score`` in 0..1."""
+
+    text: str
+    label: str
+    score: float
+    start: int
+    end: int
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What every engine has: load and unload (on the model's inference thread)."""
+
+    def load(self) -> None:
+        """Load weights onto the device.
+
+        Raises:
+            ModelLoadFailed: weights not found or not loadable (names what was tried).
+        """
+        ...
+
+    def unload(self) -> None:
+        """Release weights and device memory; idempotent."""
+        ...
+
+
+@runtime_checkable
+class ScoreEngine(Protocol):
+    """Relevance of candidates to a query (reference §1.6): a reranker."""
+
+    def load(self) -> None: ...
+
+    def unload(self) -> None: ...
+
+    def score(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        *,
+        instruction: str | None,
+        options: Mapping[str, Any],
+    ) -> list[float]:
+        """One score per ``(query, doc)`` pair, in input order; higher is more relevant.
+
+        Pairs of several requests may share one call (the batcher groups by
+        instruction and options), so a pair's score must not depend on the others.
+
+        Raises:
+            InvalidInput: an option the engine cannot honour.
+            InferenceError: the forward pass failed.
+        """
+        ...
+
+
+@runtime_checkable
+class ExtractEngine(Protocol):
+    """Entities found in texts (reference §1.7)."""
+
+    def load(self) -> None: ...
+
+    def unload(self) -> None: ...
+
+    def extract(
+        self,
+        texts: Sequence[str],
+        *,
+        labels: Sequence[str] | None,
+        options: Mapping[str, Any],
+    ) -> list[list[Entity]]:
+        """Entities per text, in input order, each sorted by ``start``.
+
+        ``labels``: the entity types to look for (zero-shot engines; required there),
+        ``None`` for engines with a fixed label set (which may filter by it when given).
+        Texts longer than the model window are read in overlapping windows; offsets
+        always refer to the whole original text.
+
+        Raises:
+            InvalidInput: missing or bad ``labels``, or an option the engine cannot honour.
+            InferenceError: the forward pass failed.
+        """
+        ...
+
+
+def memory_bytes(engine: object) -> int:
+    """Bytes an engine holds (its ``memory_bytes()``; 0 when it cannot tell)."""
+    fn = getattr(engine, "memory_bytes", None)
+    try:
+        return int(fn()) if callable(fn) else 0
+    except Exception:
+        return 0
 
 
 @runtime_checkable
@@ -89,9 +197,7 @@ class EncodeEngine(Protocol):
 
 
 class EngineFactory(Protocol):
-    def __call__(
-        self, config: ModelConfig, profile: ResolvedProfile, device: str
-    ) -> EncodeEngine: ...
+    def __call__(self, config: ModelConfig, profile: ResolvedProfile, device: str) -> Engine: ...
 
 
 def load_engine_class(adapter_path: str, allowed_modules: Sequence[str]) -> EngineFactory:

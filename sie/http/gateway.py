@@ -2,6 +2,8 @@
 
 Routes:
     POST /v1/encode/{model:path}   SIE-native encode (JSON or msgpack in and out)
+    POST /v1/score/{model:path}    rerank (sie.http.inference)
+    POST /v1/extract/{model:path}  entity extraction (sie.http.inference)
     POST /v1/embeddings            OpenAI-compatible (sie.http.openai)
     GET  /v1/models                {"object": "list", "data": [OpenAI model], "models": [ModelInfo]}
     GET  /v1/models/{model:path}   ModelInfo (reference §1.9); 404 MODEL_NOT_FOUND
@@ -26,15 +28,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sie import __version__
 from sie.control import catalog
-from sie.core.errors import InvalidInput, SieError
+from sie.core.errors import SieError
 from sie.core.registry import ModelEntry
-from sie.core.templates import check_template
 from sie.http.auth import AuthMiddleware, AuthPolicy, gateway_decision
 from sie.http.errors import EXCEPTION_HANDLERS, CatchAll, openai_error, sie_error_response
-from sie.http.negotiation import read_payload, render, validate
+from sie.http.inference import encode, extract, score
+from sie.http.negotiation import read_payload
 from sie.http.openai import embeddings
-from sie.http.schemas import EncodeParams, EncodeRequest
-from sie.roles.gateway import Collected, GatewayRole, uuid7
+from sie.roles.gateway import GatewayRole, uuid7
 from sie.telemetry import METRICS, Metrics
 
 __all__ = ["build_gateway_app", "model_info"]
@@ -65,103 +66,6 @@ class ResponseHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
-
-
-def _timing_headers(c: Collected) -> dict[str, str]:
-    t = c.timing()
-    return {
-        "X-SIE-Worker": ",".join(c.workers) or "unknown",
-        "X-Queue-Publish-Time": f"{t['publish_ms']:.1f}",
-        "X-Queue-Time": f"{t['queue_ms']:.1f}",
-        "X-Inference-Time": f"{t['inference_ms']:.1f}",
-        "X-Tokenization-Time": f"{t['tokenization_ms']:.1f}",
-        "X-Total-Time": f"{t['total_ms']:.1f}",
-    }
-
-
-def _profile_target(gateway: GatewayRole, model: str, profile: str | None) -> str:
-    """``options.profile`` selects a named profile: route to the ``model:profile`` id (§16.1)."""
-    if profile is None or profile == "default":
-        return model
-    target = f"{model}:{profile}"
-    if target not in gateway.registry.snapshot.entries:
-        gateway.registry.resolve(model)  # unknown base model: 404 first
-        raise InvalidInput(
-            f"params.options.profile: model {model!r} has no routable profile {profile!r}",
-            field="params.options.profile",
-        )
-    return target
-
-
-async def encode(request: Request) -> Response:
-    """``POST /v1/encode/{model}`` (reference §1.5; architecture §2)."""
-    gateway: GatewayRole = request.app.state.gateway
-    metrics: Metrics = request.app.state.metrics
-    model = request.path_params["model"]
-    started = time.monotonic()
-    status = "error"
-    try:
-        payload = await read_payload(request, gateway.settings.max_body_bytes)
-        req: EncodeRequest = validate(EncodeRequest, payload)
-        params = req.params or EncodeParams()
-        options = params.options.model_dump(exclude_none=True) if params.options else {}
-        for name in ("query_template", "doc_template"):
-            if name in options:
-                check_template(options[name], field=f"params.options.{name}")
-        target = _profile_target(gateway, model, options.pop("profile", None))
-        entry, _ = gateway.registry.resolve(target)
-        # precedence: params, then options, then the profile's runtime defaults
-        output_types = [
-            str(t) for t in params.output_types or options.pop("output_types", None) or []
-        ] or None
-        wanted = output_types or entry.profile.runtime.get("output_types") or ["dense"]
-        unsupported = [t for t in wanted if t not in entry.config.outputs]
-        if unsupported:
-            raise InvalidInput(
-                f"params.output_types: model {model!r} does not produce {unsupported}; it produces {entry.config.outputs}",
-                field="params.output_types",
-            )
-        for i, item in enumerate(req.items):
-            if item.text is None:
-                raise InvalidInput(
-                    f"items[{i}].text: required for model {model!r} (text input)",
-                    field=f"items[{i}].text",
-                )
-        is_query = params.is_query if params.is_query is not None else options.pop("is_query", None)
-        instruction = (
-            params.instruction
-            if params.instruction is not None
-            else options.pop("instruction", None)
-        )
-        collected = await gateway.encode(
-            target,
-            [{"text": item.text} for item in req.items],
-            output_types=output_types,
-            instruction=instruction,
-            is_query=is_query,
-            options=options or None,
-            pool=request.headers.get("x-sie-pool"),
-            machine_profile=request.headers.get("x-sie-machine-profile"),
-            request_id=request.state.request_id,
-        )
-        items_out: list[dict[str, Any]] = []
-        for item, result in zip(req.items, collected.results, strict=True):
-            out: dict[str, Any] = {"id": item.id} if item.id is not None else {}
-            out.update(result.result())
-            items_out.append(out)
-        status = "200"
-        return render(
-            request, {"model": model, "items": items_out}, headers=_timing_headers(collected)
-        )
-    except SieError as exc:
-        status = str(exc.status)
-        raise
-    finally:
-        known = (
-            model if model in gateway.registry.snapshot.entries else "_unknown"
-        )  # bounded labels
-        metrics.requests.labels("encode", known, status).inc()
-        metrics.request_duration.labels("encode").observe(time.monotonic() - started)
 
 
 def model_info(entry: ModelEntry, gateway: GatewayRole) -> dict[str, Any]:
@@ -329,6 +233,8 @@ def build_gateway_app(
             Route("/v1/configs/bundles/{bundle}", config_bundle, methods=["GET"]),
             Route("/v1/configs/resolve", config_resolve, methods=["POST"]),
             Route("/v1/encode/{model:path}", encode, methods=["POST"]),
+            Route("/v1/score/{model:path}", score, methods=["POST"]),
+            Route("/v1/extract/{model:path}", extract, methods=["POST"]),
             Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", get_model, methods=["GET"]),

@@ -18,9 +18,20 @@ from pydantic import (
     StrictStr,
 )
 
-__all__ = ["EmbeddingsRequest", "EncodeOptions", "EncodeParams", "EncodeRequest", "Item"]
+__all__ = [
+    "EmbeddingsRequest",
+    "EncodeOptions",
+    "EncodeParams",
+    "EncodeRequest",
+    "ExtractParams",
+    "ExtractRequest",
+    "Item",
+    "ScoreRequest",
+]
 
 OutputType = Literal["dense", "sparse", "multivector"]
+#: reference §1.5 (sie.engines.quantize)
+OutputDtype = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]
 
 
 def _utf8(v: str) -> str:
@@ -57,6 +68,7 @@ class EncodeOptions(BaseModel):
     output_types: list[OutputType] | None = Field(default=None, min_length=1)
     is_query: StrictBool | None = None
     instruction: StrictStr | None = None
+    output_dtype: OutputDtype | None = None
     normalize: StrictBool | None = None
     query_template: StrictStr | None = None
     doc_template: StrictStr | None = None
@@ -66,7 +78,7 @@ class EncodeParams(_Lenient):
     output_types: list[OutputType] | None = Field(default=None, min_length=1)
     instruction: Text | None = None
     is_query: StrictBool | None = None
-    output_dtype: Literal["float32"] | None = None
+    output_dtype: OutputDtype | None = None
     options: EncodeOptions | None = None
 
 
@@ -83,3 +95,27 @@ class EmbeddingsRequest(_Lenient):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(default=None, gt=0)
     user: StrictStr | None = None
+
+
+class ScoreRequest(_Lenient):
+    """``POST /v1/score/{model}`` (reference §1.6): no ``params`` wrapper."""
+
+    query: Item
+    items: list[Item] = Field(min_length=1)
+    instruction: Text | None = None
+    options: dict[str, Any] | None = None
+    top_k: StrictInt | None = Field(default=None, gt=0)
+
+
+class ExtractParams(_Lenient):
+    labels: list[Annotated[Text, Field(min_length=1)]] | None = Field(default=None, min_length=1)
+    output_schema: dict[str, Any] | None = None
+    instruction: Text | None = None
+    options: dict[str, Any] | None = None
+
+
+class ExtractRequest(_Lenient):
+    """``POST /v1/extract/{model}`` (reference §1.7)."""
+
+    items: list[Item] = Field(min_length=1)
+    params: ExtractParams | None = None

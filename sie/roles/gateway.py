@@ -328,6 +328,25 @@ class GatewayRole:
             )
             self._streams.add(pool)
 
+    def _check_texts(self, entry: ModelEntry, texts: Sequence[tuple[str, Any]]) -> None:
+        """``(field, value)`` pairs: strings over ``max_text_chars`` are a 400 naming the field."""
+        limit = self.settings.max_text_chars
+        for name, text in texts:
+            if isinstance(text, str) and len(text) > limit:
+                window = entry.config.max_sequence_length or "its window of"
+                raise InvalidInput(
+                    f"{name}: {len(text)} characters exceeds the limit of {limit} "
+                    f"(the model reads at most {window} tokens)",
+                    field=name,
+                )
+
+    def _check_count(self, n: int, name: str = "items") -> None:
+        if n > self.settings.max_items_per_request:
+            raise InvalidInput(
+                f"{name}: at most {self.settings.max_items_per_request} items per request, got {n}",
+                field=name,
+            )
+
     async def encode(
         self,
         model_id: str,
@@ -342,7 +361,7 @@ class GatewayRole:
         timeout_s: float | None = None,
         request_id: str | None = None,
     ) -> Collected:
-        """Fan ``items`` out as encode work items and wait for every result.
+        """Fan ``items`` out as encode work items (one each) and wait for every result.
 
         Returns:
             ``Collected`` with one successful ``WorkResult`` per item, in input order.
@@ -357,28 +376,143 @@ class GatewayRole:
                 (e.g. 503 MODEL_LOADING, 502 MODEL_LOAD_FAILED); otherwise
                 InferenceError listing each failed item.
         """
-        t0 = time.monotonic()
-        if len(items) > self.settings.max_items_per_request:
-            raise InvalidInput(
-                f"items: at most {self.settings.max_items_per_request} items per request, got {len(items)}",
-                field="items",
-            )
+        self._check_count(len(items))
         entry, bundle = self.registry.resolve(model_id)
-        model_id = entry.model_id  # canonical: "m:default" is "m"
-        limit = self.settings.max_text_chars
-        if instruction is not None and len(instruction) > limit:
+        self._check_texts(
+            entry,
+            [("params.instruction", instruction)]
+            + [(f"items[{i}].text", it.get("text")) for i, it in enumerate(items)],
+        )
+        common = {
+            "output_types": output_types,
+            "instruction": instruction,
+            "is_query": is_query,
+            "options": dict(options) if options else None,
+        }
+        return await self._run(
+            entry,
+            bundle,
+            "encode",
+            [{"item": dict(it), **common} for it in items],
+            pool=pool,
+            machine_profile=machine_profile,
+            timeout_s=timeout_s,
+            request_id=request_id,
+        )
+
+    async def score(
+        self,
+        model_id: str,
+        query: Mapping[str, Any],
+        items: Sequence[Mapping[str, Any]],
+        *,
+        instruction: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        pool: str | None = None,
+        machine_profile: str | None = None,
+        timeout_s: float | None = None,
+        request_id: str | None = None,
+    ) -> Collected:
+        """Score ``items`` against ``query``: ONE work item carrying the query and every
+        candidate (reference §2.10). Its result is ``{"scores": [float]}`` in item order.
+
+        Raises:
+            as ``encode``; InvalidInput also when the model has no ``tasks.score``.
+        """
+        self._check_count(len(items))
+        entry, bundle = self.registry.resolve(model_id)
+        if entry.config.tasks.score is None:
             raise InvalidInput(
-                f"params.instruction: {len(instruction)} characters exceeds the limit of {limit}",
-                field="params.instruction",
+                f"model {entry.model_id!r} does not support scoring (no tasks.score)",
+                field="model",
             )
-        for i, item in enumerate(items):
-            text = item.get("text")
-            if isinstance(text, str) and len(text) > limit:
-                raise InvalidInput(
-                    f"items[{i}].text: {len(text)} characters exceeds the limit of {limit} "
-                    f"(the model reads at most {entry.config.max_sequence_length or 'its window of'} tokens)",
-                    field=f"items[{i}].text",
-                )
+        self._check_texts(
+            entry,
+            [("instruction", instruction), ("query.text", query.get("text"))]
+            + [(f"items[{i}].text", it.get("text")) for i, it in enumerate(items)],
+        )
+        work = {
+            "query_item": dict(query),
+            "score_items": [dict(it) for it in items],
+            "instruction": instruction,
+            "options": dict(options) if options else None,
+        }
+        return await self._run(
+            entry,
+            bundle,
+            "score",
+            [work],
+            pool=pool,
+            machine_profile=machine_profile,
+            timeout_s=timeout_s,
+            request_id=request_id,
+        )
+
+    async def extract(
+        self,
+        model_id: str,
+        items: Sequence[Mapping[str, Any]],
+        *,
+        labels: list[str] | None = None,
+        output_schema: Mapping[str, Any] | None = None,
+        instruction: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        pool: str | None = None,
+        machine_profile: str | None = None,
+        timeout_s: float | None = None,
+        request_id: str | None = None,
+    ) -> Collected:
+        """Fan ``items`` out as extract work items (one each); each result is
+        ``{"entities": [...], "relations", "classifications", "objects", "data"}``.
+
+        Raises:
+            as ``encode``; InvalidInput also when the model has no ``tasks.extract``.
+        """
+        self._check_count(len(items))
+        entry, bundle = self.registry.resolve(model_id)
+        if entry.config.tasks.extract is None:
+            raise InvalidInput(
+                f"model {entry.model_id!r} does not support extraction (no tasks.extract)",
+                field="model",
+            )
+        self._check_texts(
+            entry,
+            [("params.instruction", instruction)]
+            + [(f"items[{i}].text", it.get("text")) for i, it in enumerate(items)],
+        )
+        common = {
+            "labels": labels,
+            "output_schema": dict(output_schema) if output_schema else None,
+            "instruction": instruction,
+            "options": dict(options) if options else None,
+        }
+        return await self._run(
+            entry,
+            bundle,
+            "extract",
+            [{"item": dict(it), **common} for it in items],
+            pool=pool,
+            machine_profile=machine_profile,
+            timeout_s=timeout_s,
+            request_id=request_id,
+        )
+
+    async def _run(
+        self,
+        entry: ModelEntry,
+        bundle: str,
+        operation: str,
+        works: list[dict[str, Any]],
+        *,
+        pool: str | None,
+        machine_profile: str | None,
+        timeout_s: float | None,
+        request_id: str | None,
+    ) -> Collected:
+        """Route to the lane, admit, publish one work item per ``works`` entry (its
+        fields go into the ``WorkItem``) and collect every result (§2, §16.2)."""
+        t0 = time.monotonic()
+        model_id = entry.model_id  # canonical: "m:default" is "m"
         for header, value in (("X-SIE-Pool", pool), ("X-SIE-Machine-Profile", machine_profile)):
             if value is not None and not POOL_RE.fullmatch(value):
                 raise InvalidInput(
@@ -395,25 +529,26 @@ class GatewayRole:
                 machine_profile=profile,
                 bundle=bundle,
             )
-        await self._admit(lane, pool, len(items))
+        n = len(works)
+        await self._admit(lane, pool, n)
         subject = work_subject(pool, profile, bundle, model_id)
         request_id = request_id or uuid7()
         reply = inbox_subject(self.router_id, request_id)
-        col = _Collector(len(items), [None] * len(items), len(items))
-        self.lanes.add_in_flight(lane, len(items))
+        col = _Collector(n, [None] * n, n)
+        self.lanes.add_in_flight(lane, n)
         self._pending[request_id] = col
         published = False
         try:
             await self._ensure_stream(pool)
             now = time.time()
             work: list[tuple[str, bytes]] = []
-            for i, item in enumerate(items):
+            for i, fields in enumerate(works):
                 wi = WorkItem(
                     work_item_id=f"{request_id}.{i}",
                     request_id=request_id,
                     item_index=i,
-                    total_items=len(items),
-                    operation="encode",
+                    total_items=n,
+                    operation=operation,
                     model_id=model_id,
                     profile_id=entry.profile.name,
                     pool_name=pool,
@@ -422,30 +557,26 @@ class GatewayRole:
                     router_id=self.router_id,
                     reply_subject=reply,
                     timestamp=now,
-                    item=dict(item),
-                    output_types=output_types,
-                    instruction=instruction,
-                    is_query=is_query,
-                    options=dict(options) if options else None,
+                    **fields,
                 )
                 work.append((wi.work_item_id, self._encode_item(wi)))
             published = True
             await self._publish_all(subject, lane, pool, work)
             self.lanes.clear_demand(lane)  # the lane is being served (§8)
             publish_ms = (time.monotonic() - t0) * 1000.0
+            wait_s = timeout_s or self.settings.request_timeout_s
             try:
-                with anyio.fail_after(timeout_s or self.settings.request_timeout_s):
+                with anyio.fail_after(wait_s):
                     await col.done.wait()
             except TimeoutError:
                 got = sum(r is not None for r in col.results)
                 raise GatewayTimeout(
-                    f"no worker result within {timeout_s or self.settings.request_timeout_s:g}s "
-                    f"({got}/{len(items)} items arrived)",
+                    f"no worker result within {wait_s:g}s ({got}/{n} items arrived)",
                     request_id=request_id,
                 ) from None
         finally:
             self._pending.pop(request_id, None)
-            self.lanes.add_in_flight(lane, -len(items))
+            self.lanes.add_in_flight(lane, -n)
             if published and not col.done.is_set():
                 await self._abandon(request_id)
         results = [r for r in col.results if r is not None]

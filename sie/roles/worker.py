@@ -12,18 +12,15 @@ is NAKed for redelivery, so acknowledged work is never lost.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import anyio.abc
-import numpy as np
 
-from sie.core.errors import InvalidInput, ModelNotFound, SieError
+from sie.core.errors import ModelNotFound, SieError
 from sie.core.registry import ModelEntry, ModelRegistry
 from sie.core.subjects import (
     CANCEL_WILDCARD,
@@ -33,9 +30,9 @@ from sie.core.subjects import (
     stream_name,
 )
 from sie.core.wire import Heartbeat, WorkItem, WorkResult, packb, salvage_reply
-from sie.engines.base import EncodeEngine
 from sie.engines.cache import ModelCache
 from sie.roles._config_sync import build_config_sync, run_config_sync
+from sie.roles._tasks import engine_batch_fn, run_task
 from sie.settings import ServeSettings
 from sie.telemetry import METRICS, Metrics
 from sie.transport.base import (
@@ -47,7 +44,7 @@ from sie.transport.base import (
     work_stream_config,
 )
 
-__all__ = ["WorkerRole", "encode_batch_fn"]
+__all__ = ["WorkerRole"]
 
 #: An item for a model this worker does not know yet is retried (NAK, seconds) this many
 #: deliveries while its config catches up, then fails with MODEL_NOT_FOUND.
@@ -58,50 +55,6 @@ log = logging.getLogger(__name__)
 
 #: How many abandoned request ids a worker remembers.
 CANCEL_TOMBSTONES = 10_000
-
-#: Texts up to this many characters are tokenised inline (microseconds); longer ones in a thread.
-INLINE_PREPARE_CHARS = 2048
-
-
-def encode_batch_fn(engine: EncodeEngine) -> Any:
-    """The batcher's ``run_batch`` for encode: one engine call per config group.
-
-    Payloads are ``(prepared_text, options, tokens)``; the group key holds the
-    output types and the frozen options, so every payload of a group has equal options.
-    """
-
-    def run(
-        key: Hashable, payloads: Sequence[tuple[str, dict[str, Any], int]]
-    ) -> list[dict[str, np.ndarray]]:
-        output_types = cast(tuple[tuple[str, ...], Any], key)[0]
-        out = engine.encode(
-            [p[0] for p in payloads],
-            output_types=output_types,
-            options=payloads[0][1],
-            lengths=[p[2] for p in payloads],
-        )
-        return [{k: v[i] for k, v in out.items()} for i in range(len(payloads))]
-
-    return run
-
-
-def _freeze(options: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    """A hashable, order-independent batch-group key for runtime options."""
-
-    def f(v: Any) -> Any:
-        if isinstance(v, dict):
-            return tuple(sorted(((str(k), f(x)) for k, x in v.items()), key=repr))
-        if isinstance(v, list | tuple):
-            return tuple(f(x) for x in v)
-        if isinstance(v, np.ndarray):
-            return ("ndarray", v.dtype.str, v.shape, v.tobytes())
-        try:
-            hash(v)
-        except TypeError:
-            return repr(v)
-        return v
-
-    return tuple(sorted(((str(k), f(v)) for k, v in options.items()), key=repr))
 
 
 class WorkerRole:
@@ -124,7 +77,7 @@ class WorkerRole:
         self._status_changed = anyio.Event()
         self.models = ModelCache(
             allowed_modules=self._bundle_adapters,
-            run_batch=encode_batch_fn,
+            run_batch=engine_batch_fn,
             device=settings.device,
             max_batch_requests=settings.max_batch_requests,
             max_batch_wait_s=settings.max_batch_wait_ms / 1000.0,
@@ -389,79 +342,21 @@ class WorkerRole:
         return entry
 
     async def _execute(self, item: WorkItem) -> WorkResult:
-        if item.operation != "encode":
-            raise InvalidInput(
-                f"operation {item.operation!r} is not supported by this worker", field="operation"
-            )
         entry = self._entry(item)
-        text = item.item.get("text") if isinstance(item.item, dict) else None
-        if not isinstance(text, str):
-            raise InvalidInput(
-                f"items[{item.item_index}].text must be a string",
-                field=f"items[{item.item_index}].text",
-            )
-        options = {
-            **entry.profile.runtime,
-            **(item.options if isinstance(item.options, dict) else {}),
-        }
-        wanted = item.output_types or options.get("output_types") or ["dense"]
-        if not isinstance(wanted, list) or not all(isinstance(t, str) for t in wanted):
-            raise InvalidInput(
-                "output_types must be a list of strings", field="params.output_types"
-            )
-        output_types = tuple(sorted(wanted))
         loaded = await self.models.get(entry)
-        unsupported = [
-            t
-            for t in output_types
-            if t not in loaded.engine.outputs or t not in entry.config.outputs
-        ]
-        if unsupported:
-            raise InvalidInput(
-                f"model {item.model_id!r} does not produce output type(s) {unsupported}",
-                field="params.output_types",
-            )
-        instruction = item.instruction or options.get("instruction")
-        is_query = bool(
-            item.is_query if item.is_query is not None else options.get("is_query", False)
-        )
-        t_tok = time.monotonic()
-        prep = functools.partial(
-            loaded.engine.prepare,
-            [text],
-            instruction=instruction,
-            is_query=is_query,
-            options=options,
-        )
-        if len(text) + len(instruction or "") <= INLINE_PREPARE_CHARS:
-            texts, counts = prep()
-        else:  # long input: tokenise off the event loop (and off the inference thread)
-            texts, counts = await anyio.to_thread.run_sync(prep)
-        tokens = counts[0]
-        tokenization_ms = (time.monotonic() - t_tok) * 1000.0
-        key = (output_types, _freeze(options))
-        vectors, stats = await loaded.batcher.submit((texts[0], options, tokens), tokens, key)
-        dims = entry.config.dims
-        blob = {
-            t: {
-                "dims": int(dims.get(t, vectors[t].shape[-1])),
-                "dtype": "float32",
-                "values": vectors[t],
-            }
-            for t in output_types
-        }
-        queue_ms = max(0.0, (time.time() - item.timestamp) * 1000.0 - stats.inference_s * 1000.0)
+        out = await run_task(item, entry, loaded)
+        queue_ms = max(0.0, (time.time() - item.timestamp) * 1000.0 - out.inference_ms)
         return WorkResult(
             work_item_id=item.work_item_id,
             request_id=item.request_id,
             item_index=item.item_index,
             success=True,
-            result_msgpack=packb(blob),
-            inference_ms=stats.inference_s * 1000.0,
+            result_msgpack=packb(out.result),
+            inference_ms=out.inference_ms,
             queue_ms=queue_ms,
-            tokenization_ms=tokenization_ms,
+            tokenization_ms=out.tokenization_ms,
             worker_id=self.worker_id,
-            input_tokens=tokens,
+            input_tokens=out.tokens,
         )
 
     def heartbeat(self) -> Heartbeat:

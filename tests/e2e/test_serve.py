@@ -90,7 +90,7 @@ def test_serve_encode_and_graceful_sigterm(server, st_model) -> None:
     np.testing.assert_allclose(got, st_model.encode(texts), atol=1e-5)
     assert httpx.get(f"{base}/readyz").text == "ok"
     models = httpx.get(f"http://127.0.0.1:{cport}/v1/configs/models").json()["models"]
-    assert [m["model_id"] for m in models] == [MINILM]
+    assert MINILM in [m["model_id"] for m in models]
 
     # a request in flight when SIGTERM arrives still completes; then the process exits 0
     results: list[int] = []

@@ -136,11 +136,12 @@ def test_options_and_query_flag_accepted(client: httpx.Client) -> None:
 
 def test_models_endpoints(client: httpx.Client) -> None:
     listing = client.get("/v1/models").json()
-    assert [m["id"] for m in listing["data"]] == [MINILM]
-    info = client.get(f"/v1/models/{MINILM}").json()
-    assert (
-        info["name"] == MINILM and info["dims"] == {"dense": 384} and info["outputs"] == ["dense"]
+    assert [m["id"] for m in listing["data"]] == sorted(
+        [MINILM, "nationaldesignstudio/rampart", "rasyosef/splade-tiny"]
     )
+    info = client.get(f"/v1/models/{MINILM}").json()
+    assert info["name"] == MINILM and info["dims"] == {"dense": 384, "multivector": 384}
+    assert info["outputs"] == ["dense", "multivector", "score"]
     assert info["inputs"] == ["text"] and info["max_sequence_length"] == 256
     assert info["loaded"] is True and info["state"] == "loaded"
     assert info["profiles"] == {"default": {"is_default": True}}
@@ -299,8 +300,8 @@ BAD = [
         "params.options.profile",
     ),
     (
-        "output_dtype not supported",
-        {"json": {"items": [{"text": "a"}], "params": {"output_dtype": "int8"}}},
+        "output_dtype unknown",
+        {"json": {"items": [{"text": "a"}], "params": {"output_dtype": "int4"}}},
         400,
         "INVALID_INPUT",
         "params.output_dtype",

@@ -146,7 +146,7 @@ def test_matryoshka_dimensions_truncate_and_renormalise() -> None:
     tmp = Path(tempfile.mkdtemp())
     try:
         text = (CONFIGS / "sentence-transformers__all-MiniLM-L6-v2.yaml").read_text()
-        (tmp / "m.yaml").write_text(text.replace("dim: 384", "dim: 384\n      matryoshka: true"))
+        (tmp / "m.yaml").write_text(text.replace("dim: 384", "dim: 384\n      matryoshka: true", 1))
         with (
             run_stack(models_dir=str(tmp), preload=(MINILM,)) as s,
             httpx.Client(base_url=s.base_url, timeout=60) as c,

@@ -122,7 +122,11 @@ def test_shipped_configs_load() -> None:
 
     models = load_models(str(CONFIGS))
     bundles = load_bundles(str(BUNDLES))
-    assert [m.sie_id for m in models] == ["sentence-transformers/all-MiniLM-L6-v2"]
+    assert sorted(m.sie_id for m in models) == [
+        "nationaldesignstudio/rampart",
+        "rasyosef/splade-tiny",
+        "sentence-transformers/all-MiniLM-L6-v2",
+    ]
     assert (
         bundles[0].name == "default" and "sie.engines.sentence_transformers" in bundles[0].adapters
     )

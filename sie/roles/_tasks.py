@@ -1,0 +1,261 @@
+"""The three functions on a worker: encode, score, extract (reference §1.5-§1.7, §4.6).
+
+``run_task`` turns one work item into its result map, through the model's
+token-budget batcher so concurrent requests share engine calls. Items are grouped
+by a config key and one engine call runs per group (reference §4.6):
+
+- encode ``("encode", output types, options)``; payload ``(text, options, tokens)``;
+- score ``("score", instruction, options)``; payload ``(pairs, options)``: every
+  ``(query, doc)`` pair of the group goes to one engine call;
+- extract ``("extract", labels, options)``; payload ``(text, labels, options)``.
+
+Instruction and ``is_query`` are rendered into the encode text before batching, so
+they need no key of their own. Results (msgpack maps, numpy arrays inside):
+
+- encode: ``{"dense": {dims, dtype, values}, "sparse": {dims, dtype, indices, values},
+  "multivector": {token_dims, num_tokens, dtype, values}}`` for the requested types,
+  after ``output_dtype`` (``sie.engines.quantize``);
+- score: ``{"scores": [float, ...]}`` in candidate order;
+- extract: ``{"entities": [...], "relations": [], "classifications": [], "objects": [],
+  "data": {}}``.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import anyio
+import numpy as np
+
+from sie.core.errors import InvalidInput
+from sie.core.registry import ModelEntry
+from sie.core.wire import WorkItem
+from sie.engines.quantize import check_output_dtype, quantize, quantize_sparse
+
+__all__ = ["TaskOutcome", "engine_batch_fn", "freeze", "run_task"]
+
+#: Texts up to this many characters are tokenised inline (microseconds); longer ones in a thread.
+INLINE_PREPARE_CHARS = 2048
+
+#: Option keys the worker consumes itself; they never reach an engine or a batch key.
+_WORKER_OPTIONS = ("output_dtype", "output_types", "profile", "is_query", "instruction")
+
+
+@dataclass(slots=True)
+class TaskOutcome:
+    """One work item's result map and its timings (milliseconds) and token count."""
+
+    result: dict[str, Any]
+    inference_ms: float
+    tokenization_ms: float
+    tokens: int
+
+
+def freeze(options: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """A hashable, order-independent batch-group key for runtime options."""
+
+    def f(v: Any) -> Any:
+        if isinstance(v, dict):
+            return tuple(sorted(((str(k), f(x)) for k, x in v.items()), key=repr))
+        if isinstance(v, list | tuple):
+            return tuple(f(x) for x in v)
+        if isinstance(v, np.ndarray):
+            return ("ndarray", v.dtype.str, v.shape, v.tobytes())
+        try:
+            hash(v)
+        except TypeError:
+            return repr(v)
+        return v
+
+    return tuple(sorted(((str(k), f(v)) for k, v in options.items()), key=repr))
+
+
+def engine_batch_fn(engine: Any) -> Any:
+    """The batcher's ``run_batch`` for one engine: one engine call per config group."""
+
+    def run(key: Hashable, payloads: Sequence[Any]) -> list[Any]:
+        kind = cast(tuple[Any, ...], key)[0]
+        if kind == "encode":
+            output_types = cast(tuple[Any, ...], key)[1]
+            out = engine.encode(
+                [p[0] for p in payloads],
+                output_types=output_types,
+                options=payloads[0][1],
+                lengths=[p[2] for p in payloads],
+            )
+            return [{k: v[i] for k, v in out.items()} for i in range(len(payloads))]
+        if kind == "score":
+            instruction = cast(tuple[Any, ...], key)[1]
+            pairs = [pair for p in payloads for pair in p[0]]
+            scores = engine.score(pairs, instruction=instruction, options=payloads[0][1])
+            out_scores: list[list[float]] = []
+            at = 0
+            for p in payloads:
+                out_scores.append([float(x) for x in scores[at : at + len(p[0])]])
+                at += len(p[0])
+            return out_scores
+        if kind == "extract":
+            return list(
+                engine.extract(
+                    [p[0] for p in payloads], labels=payloads[0][1], options=payloads[0][2]
+                )
+            )
+        raise InvalidInput(f"unknown task {kind!r}", field="operation")
+
+    return run
+
+
+def _options(item: WorkItem, entry: ModelEntry) -> dict[str, Any]:
+    """Profile runtime options overlaid by the request's (reference §1.5 precedence)."""
+    return {**entry.profile.runtime, **(item.options if isinstance(item.options, dict) else {})}
+
+
+def _engine_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if k not in _WORKER_OPTIONS}
+
+
+def _text(item: Mapping[str, Any] | None, where: str) -> str:
+    text = item.get("text") if isinstance(item, dict) else None
+    if not isinstance(text, str):
+        raise InvalidInput(f"{where}.text must be a string", field=f"{where}.text")
+    return text
+
+
+def _has(engine: Any, method: str) -> bool:
+    return callable(getattr(engine, method, None))
+
+
+async def run_task(item: WorkItem, entry: ModelEntry, loaded: Any) -> TaskOutcome:
+    """Run ``item`` on ``loaded`` (a ``LoadedModel``: engine + batcher).
+
+    Raises:
+        InvalidInput: the model lacks the task, or the item is malformed (names the field).
+        InferenceError: the engine failed.
+    """
+    if item.operation == "encode":
+        return await _encode(item, entry, loaded)
+    if item.operation == "score":
+        return await _score(item, entry, loaded)
+    if item.operation == "extract":
+        return await _extract(item, entry, loaded)
+    raise InvalidInput(
+        f"operation {item.operation!r} is not supported by this worker", field="operation"
+    )
+
+
+async def _encode(item: WorkItem, entry: ModelEntry, loaded: Any) -> TaskOutcome:
+    engine = loaded.engine
+    if entry.config.tasks.encode is None or not _has(engine, "encode"):
+        raise InvalidInput(f"model {item.model_id!r} does not support encode", field="model")
+    text = _text(item.item, f"items[{item.item_index}]")
+    options = _options(item, entry)
+    wanted = item.output_types or options.get("output_types") or ["dense"]
+    if not isinstance(wanted, list) or not all(isinstance(t, str) for t in wanted):
+        raise InvalidInput("output_types must be a list of strings", field="params.output_types")
+    output_types = tuple(sorted(set(wanted)))
+    unsupported = [
+        t for t in output_types if t not in engine.outputs or t not in entry.config.outputs
+    ]
+    if unsupported:
+        raise InvalidInput(
+            f"model {item.model_id!r} does not produce output type(s) {unsupported}",
+            field="params.output_types",
+        )
+    dtype = check_output_dtype(options.get("output_dtype", "float32"))
+    instruction = item.instruction or options.get("instruction")
+    is_query = bool(item.is_query if item.is_query is not None else options.get("is_query", False))
+    # is_query stays visible to the engine (SPLADE encodes queries and documents
+    # differently) and splits batch groups (reference §4.6 key)
+    engine_options = {**_engine_options(options), "is_query": is_query}
+    t_tok = time.monotonic()
+    prep = functools.partial(
+        engine.prepare,
+        [text],
+        instruction=instruction,
+        is_query=is_query,
+        options=engine_options,
+    )
+    if len(text) + len(instruction or "") <= INLINE_PREPARE_CHARS:
+        texts, counts = prep()
+    else:  # long input: tokenise off the event loop (and off the inference thread)
+        texts, counts = await anyio.to_thread.run_sync(prep)
+    tokens = counts[0]
+    tokenization_ms = (time.monotonic() - t_tok) * 1000.0
+    key = ("encode", output_types, freeze(engine_options))
+    vectors, stats = await loaded.batcher.submit((texts[0], engine_options, tokens), tokens, key)
+    dims = entry.config.dims
+    blob: dict[str, Any] = {}
+    for t in output_types:
+        v = vectors[t]
+        if t == "dense":
+            values, label = quantize(v, dtype)
+            blob[t] = {"dims": int(dims.get(t, v.shape[-1])), "dtype": label, "values": values}
+        elif t == "multivector":
+            values, label = quantize(v, dtype)  # per token
+            blob[t] = {
+                "token_dims": int(v.shape[-1]),
+                "num_tokens": int(v.shape[0]),
+                "dtype": label,
+                "values": values,
+            }
+        else:  # sparse: (indices, values), indices ascending
+            indices, weights = v
+            values, label = quantize_sparse(weights, dtype)
+            blob[t] = {
+                "dims": dims.get(t) or getattr(engine, "sparse_dim", None),
+                "dtype": label,
+                "indices": np.asarray(indices, dtype=np.int32),
+                "values": values,
+            }
+    return TaskOutcome(blob, stats.inference_s * 1000.0, tokenization_ms, tokens)
+
+
+async def _score(item: WorkItem, entry: ModelEntry, loaded: Any) -> TaskOutcome:
+    engine = loaded.engine
+    if entry.config.tasks.score is None or not _has(engine, "score"):
+        raise InvalidInput(f"model {item.model_id!r} does not support scoring", field="model")
+    query = _text(item.query_item, "query")
+    candidates = item.score_items
+    if not isinstance(candidates, list) or not candidates:
+        raise InvalidInput("items: at least one item to score is required", field="items")
+    docs = [_text(c, f"items[{i}]") for i, c in enumerate(candidates)]
+    options = _options(item, entry)
+    instruction = item.instruction or options.get("instruction")
+    engine_options = _engine_options(options)
+    pairs = [(query, d) for d in docs]
+    # cost ~ tokens: characters / 4 per pair (reference §4.6 scores by characters)
+    cost = sum(max(1, (len(query) + len(d)) // 4) for d in docs)
+    key = ("score", instruction, freeze(engine_options))
+    scores, stats = await loaded.batcher.submit((pairs, engine_options), cost, key)
+    return TaskOutcome({"scores": scores}, stats.inference_s * 1000.0, 0.0, cost)
+
+
+async def _extract(item: WorkItem, entry: ModelEntry, loaded: Any) -> TaskOutcome:
+    engine = loaded.engine
+    if entry.config.tasks.extract is None or not _has(engine, "extract"):
+        raise InvalidInput(f"model {item.model_id!r} does not support extraction", field="model")
+    text = _text(item.item, f"items[{item.item_index}]")
+    labels = item.labels
+    if labels is not None and (
+        not isinstance(labels, list) or not all(isinstance(x, str) and x for x in labels)
+    ):
+        raise InvalidInput(
+            "params.labels must be a list of non-empty strings", field="params.labels"
+        )
+    options = _engine_options(_options(item, entry))
+    label_key = tuple(sorted(set(labels))) if labels is not None else None
+    cost = max(1, len(text) // 4)
+    key = ("extract", label_key, freeze(options))
+    entities, stats = await loaded.batcher.submit((text, labels, options), cost, key)
+    blob = {
+        "entities": entities,
+        "relations": [],
+        "classifications": [],
+        "objects": [],
+        "data": {},
+    }
+    return TaskOutcome(blob, stats.inference_s * 1000.0, 0.0, cost)
