@@ -59,6 +59,10 @@ class ServeSettings(BaseModel):
     max_batch_requests: int = Field(default=64, gt=0)
     max_batch_wait_ms: float = Field(default=10.0, ge=0)
     max_inflight_items: int = Field(default=512, gt=0)
+    # worker memory (reference §4.5): bytes, else this fraction of RAM (VRAM on CUDA)
+    memory_budget_bytes: int | None = Field(default=None, gt=0)
+    memory_budget_fraction: float = Field(default=0.85, gt=0, le=1)
+    idle_evict_s: float | None = Field(default=None, gt=0)
     ack_wait_s: float = 30.0
     max_deliver: int = 20
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
@@ -167,6 +171,9 @@ ENV_VARS: dict[str, str] = {
     "SIE_MAX_BATCH_REQUESTS": "max_batch_requests",
     "SIE_MAX_BATCH_WAIT_MS": "max_batch_wait_ms",
     "SIE_MAX_CONCURRENT_REQUESTS": "max_inflight_items",
+    "SIE_MEMORY_BUDGET_BYTES": "memory_budget_bytes",
+    "SIE_MEMORY_BUDGET_FRACTION": "memory_budget_fraction",
+    "SIE_IDLE_EVICT_S": "idle_evict_s",
     "SIE_ACK_WAIT_S": "ack_wait_s",
     "SIE_MAX_DELIVER": "max_deliver",
     "SIE_HEARTBEAT_INTERVAL_S": "heartbeat_interval_s",

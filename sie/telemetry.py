@@ -102,6 +102,12 @@ class Metrics:
             [*LANE_LABELS, "reason"],
             registry=self.registry,
         )
+        self.evictions = Counter(
+            "sie_model_evictions",
+            "Models unloaded by the worker to fit the memory budget or when idle",
+            ["model", "reason"],
+            registry=self.registry,
+        )
         self.work_items = Counter(
             "sie_worker_items_total",
             "Work items settled by workers",

@@ -1,16 +1,30 @@
-"""Loaded models on a worker: load on first use, one batcher per model, states.
+"""Loaded models on a worker: load on first use, one batcher per model, a memory
+budget with LRU eviction, optional idle eviction, states (reference §4.4, §4.5).
 
-States follow reference §1.9/§4.4: ``available`` → ``loading`` → ``loaded``;
-a failed load is sticky (``failed`` with ``last_error``) until the config changes.
-Concurrent first requests share one load. Loads run on the model's own
-inference thread, so they never block the event loop.
+States follow reference §1.9/§4.4: ``available`` → ``loading`` → ``loaded`` →
+``unloading`` → ``available``. A failed load is ``failed`` with ``last_error``
+(``code``, ``message``, ``error_class``, ``attempts``, ``permanent``): sticky when
+permanent (until the config changes), retried by the next request otherwise.
+Concurrent first requests share one load. Loads run on the model's own inference
+thread, so they never block the event loop, and one model's failure never blocks
+another's load.
+
+Memory (bytes): each loaded engine reports ``memory_bytes()``; before a load the
+weights' size on disk is the estimate. While the loaded total plus the estimate
+exceeds the budget, the least recently used idle model is unloaded; pinned
+(``--preload``) models and models serving a request are never evicted. After the
+load the real size is known and the budget is enforced again. With ``idle_evict_s``
+a model unused that long is unloaded (pinned ones never).
 """
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,12 +33,21 @@ import anyio.abc
 
 from sie.core.errors import ModelLoadFailed, SieError
 from sie.core.registry import ModelEntry
-from sie.engines.base import Engine, load_engine_class
+from sie.engines.base import Engine, load_engine_class, memory_bytes
 from sie.engines.batching import TokenBudgetBatcher
 
-__all__ = ["LoadedModel", "ModelCache"]
+__all__ = ["LoadedModel", "ModelCache", "device_memory_bytes"]
 
 log = logging.getLogger(__name__)
+
+
+def device_memory_bytes(device: str) -> int:
+    """Total memory of ``device``: VRAM for ``cuda[:n]``, else physical RAM (bytes)."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.mem_get_info(torch.device(device))[1])
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 @dataclass(slots=True)
@@ -35,6 +58,7 @@ class LoadedModel:
     limiter: anyio.CapacityLimiter
     scope: anyio.CancelScope
     loaded_at: float = field(default_factory=time.time)
+    bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -42,8 +66,21 @@ class _Slot:
     state: str = "available"
     loaded: LoadedModel | None = None
     ready: anyio.Event = field(default_factory=anyio.Event)
+    gone: anyio.Event = field(default_factory=anyio.Event)  # set once unloaded
     error: SieError | None = None
     config_key: Any = None
+    last_used: float = field(default_factory=time.monotonic)
+    active: int = 0
+
+
+@dataclass(slots=True)
+class _Stats:
+    """Per model id, kept across evictions (shown in heartbeats and /v1/models)."""
+
+    loads: int = 0
+    evictions: int = 0
+    attempts: int = 0
+    last_error: SieError | None = None
 
 
 RunBatch = Callable[[Engine], Callable[[Hashable, Sequence[Any]], Sequence[Any]]]
@@ -56,9 +93,13 @@ class ModelCache:
         allowed_modules: the worker bundle's adapter modules (what may be imported), or a
             callable returning them at load time (the bundle may arrive from the config
             service after the cache is built).
-        run_batch: builds the batch function for an engine (see ``roles.worker``).
+        run_batch: builds the batch function for an engine (see ``roles._tasks``).
         device: torch device string, e.g. ``"cpu"``.
         max_batch_requests / max_batch_wait_s: batcher limits (reference §4.6).
+        memory_budget_bytes: most bytes of loaded models (None: unlimited).
+        idle_evict_s: unload models unused this many seconds (None: never).
+        pinned: model ids never evicted (the ``--preload`` list).
+        estimate_bytes: a model's expected size before its load (weights on disk).
     """
 
     def __init__(
@@ -71,6 +112,11 @@ class ModelCache:
         max_batch_wait_s: float = 0.010,
         on_batch: Callable[[str, int, int, float], Any] | None = None,
         on_change: Callable[[], Any] | None = None,
+        memory_budget_bytes: int | None = None,
+        idle_evict_s: float | None = None,
+        pinned: Sequence[str] = (),
+        estimate_bytes: Callable[[ModelEntry], int] | None = None,
+        on_evict: Callable[[str, str], Any] | None = None,
     ) -> None:
         self._allowed = allowed_modules
         self._run_batch = run_batch
@@ -79,7 +125,14 @@ class ModelCache:
         self._max_batch_wait_s = max_batch_wait_s
         self._on_batch = on_batch
         self._on_change = on_change
+        self._on_evict = on_evict
+        self.memory_budget_bytes = memory_budget_bytes
+        self.idle_evict_s = idle_evict_s
+        self.pinned = set(pinned)
+        self._estimate = estimate_bytes
         self._slots: dict[str, _Slot] = {}
+        self._stats: dict[str, _Stats] = {}
+        self._budget_lock = anyio.Lock()
         self._tg: anyio.abc.TaskGroup | None = None
 
     async def run(
@@ -88,6 +141,8 @@ class ModelCache:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
+                if self.idle_evict_s is not None:
+                    tg.start_soon(self._idle_evictor, self.idle_evict_s)
                 task_status.started()
                 await anyio.sleep_forever()
         finally:
@@ -96,15 +151,33 @@ class ModelCache:
                 if slot.loaded is not None:
                     slot.loaded.engine.unload()
 
+    # -- reporting ----------------------------------------------------------------------
+
+    @property
+    def loaded_bytes(self) -> int:
+        return sum(s.loaded.bytes for s in self._slots.values() if s.loaded is not None)
+
     def statuses(self) -> list[dict[str, Any]]:
-        """``[{name, state, last_error?}]`` for heartbeats and /v1/models."""
+        """``[{name, state, loads, evictions, bytes, last_error?}]`` for heartbeats and
+        /v1/models; evicted models stay listed (``available``) with their counts."""
         out = []
-        for name, slot in sorted(self._slots.items()):
-            d: dict[str, Any] = {"name": name, "state": slot.state}
-            if slot.error is not None:
+        for name in sorted(set(self._slots) | set(self._stats)):
+            slot = self._slots.get(name)
+            stats = self._stats.get(name, _Stats())
+            d: dict[str, Any] = {
+                "name": name,
+                "state": slot.state if slot is not None else "available",
+                "loads": stats.loads,
+                "evictions": stats.evictions,
+                "bytes": slot.loaded.bytes if slot is not None and slot.loaded else 0,
+            }
+            err = stats.last_error
+            if err is not None:
                 d["last_error"] = {
-                    **slot.error.to_detail(),
-                    "permanent": slot.error.fields.get("permanent", True),
+                    **err.to_detail(),
+                    "error_class": err.fields.get("error_class", "UNKNOWN"),
+                    "attempts": stats.attempts,
+                    "permanent": err.fields.get("permanent", True),
                 }
             out.append(d)
         return out
@@ -113,35 +186,79 @@ class ModelCache:
         if self._on_change is not None:
             self._on_change()
 
+    # -- use ----------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def use(self, entry: ModelEntry) -> AsyncIterator[LoadedModel]:
+        """The loaded model for ``entry`` (loading it on first use), held in use, so
+        it is not evicted, until the block exits.
+
+        Raises:
+            ModelLoadFailed: the load failed (now, or earlier and permanently).
+        """
+        loaded = await self.get(entry)
+        slot = self._slots.get(entry.model_id)
+        if slot is None or slot.loaded is not loaded:  # evicted between get and use: reload
+            async with self.use(entry) as again:
+                yield again
+            return
+        slot.active += 1
+        slot.last_used = time.monotonic()
+        try:
+            yield loaded
+        finally:
+            slot.active -= 1
+            slot.last_used = time.monotonic()
+
     async def get(self, entry: ModelEntry) -> LoadedModel:
         """The loaded model for ``entry``, loading it on first use.
 
         Raises:
-            ModelLoadFailed: the load failed (now or earlier, sticky for this config).
+            ModelLoadFailed: the load failed (now, or earlier and permanently).
         """
-        key = entry.load_key
-        slot = self._slots.get(entry.model_id)
-        if slot is not None and slot.config_key != key:
-            await self.unload(entry.model_id)  # config changed: drop the old engine / failure
-            slot = None
-        if slot is None:
-            assert self._tg is not None, "ModelCache.run() is not running"
-            slot = self._slots[entry.model_id] = _Slot(state="loading", config_key=key)
-            self._changed()
-            # The load belongs to the cache, not to this caller: cancelling the caller
-            # (an abandoned request) must not leave a half-loaded slot behind.
-            self._tg.start_soon(self._load, entry, slot)
-        await slot.ready.wait()
-        if slot.loaded is None:
-            assert slot.error is not None
-            raise slot.error
-        return slot.loaded
+        while True:
+            key = entry.load_key
+            slot = self._slots.get(entry.model_id)
+            if slot is not None and slot.state == "unloading":
+                await slot.gone.wait()
+                continue
+            if slot is not None and slot.config_key != key:
+                await self.unload(entry.model_id)  # config changed: drop the old engine
+                continue
+            if slot is not None and slot.state == "failed":
+                assert slot.error is not None
+                if slot.error.fields.get("permanent", True):
+                    raise slot.error
+                self._slots.pop(entry.model_id, None)  # transient: try again
+                slot = None
+            if slot is None:
+                assert self._tg is not None, "ModelCache.run() is not running"
+                slot = self._slots[entry.model_id] = _Slot(state="loading", config_key=key)
+                self._changed()
+                # The load belongs to the cache, not to this caller: cancelling the caller
+                # (an abandoned request) must not leave a half-loaded slot behind.
+                self._tg.start_soon(self._load, entry, slot)
+            await slot.ready.wait()
+            if slot.loaded is None:
+                assert slot.error is not None
+                raise slot.error
+            slot.last_used = time.monotonic()
+            return slot.loaded
+
+    # -- load and evict -----------------------------------------------------------------
 
     async def _load(self, entry: ModelEntry, slot: _Slot) -> None:
         assert self._tg is not None
+        stats = self._stats.setdefault(entry.model_id, _Stats())
+        stats.attempts += 1
         limiter = anyio.CapacityLimiter(1)
         t0 = time.monotonic()
         try:
+            if self.memory_budget_bytes is not None:
+                estimate = (
+                    await anyio.to_thread.run_sync(self._estimate, entry) if self._estimate else 0
+                )
+                await self._make_room(estimate, keep=entry.model_id)
             factory = load_engine_class(
                 entry.profile.adapter_path,
                 self._allowed() if callable(self._allowed) else self._allowed,
@@ -166,14 +283,67 @@ class ModelCache:
                 on_batch=(lambda n, c, s: on_batch(entry.model_id, n, c, s)) if on_batch else None,
             )
             scope = await self._tg.start(self._run_batcher, batcher)
-            slot.loaded = LoadedModel(entry, engine, batcher, limiter, scope)
+            size = memory_bytes(engine)
+            slot.loaded = LoadedModel(entry, engine, batcher, limiter, scope, bytes=size)
             slot.state = "loaded"
-            log.info("loaded %s in %.2fs", entry.model_id, time.monotonic() - t0)
+            slot.last_used = time.monotonic()
+            stats.loads += 1
+            stats.attempts = 0
+            stats.last_error = None
+            log.info(
+                "loaded %s in %.2fs (%.1f MB)", entry.model_id, time.monotonic() - t0, size / 1e6
+            )
         finally:
+            if slot.error is not None:
+                stats.last_error = slot.error
             slot.ready.set()
             self._changed()
         if slot.error is not None:
             log.error("model %s failed to load: %s", entry.model_id, slot.error.message)
+        elif self.memory_budget_bytes is not None:
+            await self._make_room(0, keep=entry.model_id)  # the real size is known now
+
+    async def _make_room(self, need: int, *, keep: str) -> None:
+        """Evict least recently used idle, unpinned models until ``need`` more bytes fit."""
+        budget = self.memory_budget_bytes
+        if budget is None:
+            return
+        async with self._budget_lock:
+            while self.loaded_bytes + need > budget:
+                idle = [
+                    (s.last_used, name)
+                    for name, s in self._slots.items()
+                    if name != keep
+                    and name not in self.pinned
+                    and s.state == "loaded"
+                    and s.active == 0
+                ]
+                if not idle:
+                    log.warning(
+                        "memory budget %.1f MB exceeded (%.1f MB loaded, %.1f MB needed) and no "
+                        "idle model can be evicted",
+                        budget / 1e6,
+                        self.loaded_bytes / 1e6,
+                        need / 1e6,
+                    )
+                    return
+                _, victim = min(idle)
+                log.info("evicting %s (least recently used) for the memory budget", victim)
+                await self.unload(victim, reason="memory")
+
+    async def _idle_evictor(self, ttl_s: float) -> None:
+        while True:
+            await anyio.sleep(max(0.05, min(ttl_s / 2, 5.0)))
+            now = time.monotonic()
+            for name, s in list(self._slots.items()):
+                if (
+                    name not in self.pinned
+                    and s.state == "loaded"
+                    and s.active == 0
+                    and now - s.last_used > ttl_s
+                ):
+                    log.info("evicting %s (idle %.0fs)", name, now - s.last_used)
+                    await self.unload(name, reason="idle")
 
     @staticmethod
     async def _run_batcher(
@@ -185,9 +355,32 @@ class ModelCache:
             task_status.started(scope)
             await batcher.run()
 
-    async def unload(self, model_id: str) -> None:
-        slot = self._slots.pop(model_id, None)
-        if slot is not None and slot.loaded is not None:
-            slot.loaded.scope.cancel()
-            await anyio.to_thread.run_sync(slot.loaded.engine.unload, limiter=slot.loaded.limiter)
+    async def unload(self, model_id: str, *, reason: str | None = None) -> None:
+        """Unload ``model_id`` (``unloading`` meanwhile); ``reason`` counts an eviction."""
+        slot = self._slots.get(model_id)
+        if slot is None or slot.state == "unloading":
+            return
+        slot.state = "unloading"
         self._changed()
+        try:
+            if slot.loaded is not None:
+                limiter = slot.loaded.limiter
+                slot.loaded.scope.cancel()
+                engine = slot.loaded.engine
+
+                def release() -> None:
+                    engine.unload()
+                    gc.collect()  # torch frees a module's tensors when nothing refers to them
+
+                slot.loaded = None
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(release, limiter=limiter)
+                if reason is not None:
+                    self._stats.setdefault(model_id, _Stats()).evictions += 1
+                    if self._on_evict is not None:
+                        self._on_evict(model_id, reason)
+        finally:
+            if self._slots.get(model_id) is slot:
+                del self._slots[model_id]
+            slot.gone.set()
+            self._changed()

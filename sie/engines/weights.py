@@ -17,7 +17,10 @@ from pathlib import Path
 from sie.core.config import ModelConfig
 from sie.core.errors import ModelLoadFailed
 
-__all__ = ["PACKAGED_MODELS", "resolve_weights"]
+__all__ = ["PACKAGED_MODELS", "resolve_weights", "weights_bytes"]
+
+#: Files that hold weights (their size on disk estimates a model's memory).
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".onnx", ".gguf", ".ckpt")
 
 #: hf_id → (module, sub-path): the weights are ``module.get_model_path()`` when the
 #: sub-path is None, else that sub-path of the package directory (found without
@@ -82,4 +85,21 @@ def resolve_weights(config: ModelConfig) -> Path:
         error_class="NOT_FOUND",
         permanent=True,
         tried=tried,
+    )
+
+
+def weights_bytes(config: ModelConfig) -> int:
+    """Bytes of weight files under ``config``'s weights directory (0 when unknown).
+
+    The estimate of a model's memory before it loads (reference §4.5); the loaded
+    engine's ``memory_bytes()`` replaces it afterwards.
+    """
+    try:
+        root = resolve_weights(config)
+    except ModelLoadFailed:
+        return 0
+    if root.is_file():
+        return root.stat().st_size
+    return sum(
+        p.stat().st_size for p in root.rglob("*") if p.is_file() and p.suffix in _WEIGHT_SUFFIXES
     )

@@ -69,7 +69,8 @@ class ResponseHeaders:
 
 
 def model_info(entry: ModelEntry, gateway: GatewayRole) -> dict[str, Any]:
-    """ModelInfo (reference §1.9) plus the routing facts ``bundles`` and ``pool``."""
+    """ModelInfo (reference §1.9) plus the routing facts ``bundles`` and ``pool`` and
+    the workers' ``loads`` / ``evictions`` counts."""
     cfg = entry.config
     state, last_error = gateway.model_state(entry.model_id)
     is_variant = entry.model_id != cfg.sie_id
@@ -87,6 +88,7 @@ def model_info(entry: ModelEntry, gateway: GatewayRole) -> dict[str, Any]:
         else {p: {"is_default": p == "default"} for p in cfg.profiles},
         "bundles": list(entry.bundles),
         "pool": cfg.effective_pool,
+        **gateway.model_counts(entry.model_id),  # loads, evictions (reference §4.5)
     }
 
 

@@ -255,18 +255,28 @@ class GatewayRole:
         return time.monotonic() - self._started_mono < 3 * self.settings.heartbeat_interval_s
 
     def model_state(self, model_id: str) -> tuple[str, dict[str, Any] | None]:
-        """Aggregate state over live workers: loading > loaded > failed > available."""
+        """Aggregate state over live workers (reference §1.9 precedence):
+        loading > unloading > loaded > failed > available."""
         states: list[str] = []
         last_error = None
-        for hb in self.live_workers():
-            for m in hb.models:
-                if m.get("name") == model_id:
-                    states.append(m.get("state", "available"))
-                    last_error = m.get("last_error") or last_error
-        for s in ("loading", "loaded", "failed"):
+        for m in self._model_reports(model_id):
+            states.append(m.get("state", "available"))
+            last_error = m.get("last_error") or last_error
+        for s in ("loading", "unloading", "loaded", "failed"):
             if s in states:
                 return s, last_error
         return "available", last_error
+
+    def model_counts(self, model_id: str) -> dict[str, int]:
+        """Loads and evictions of ``model_id`` summed over live workers (reference §4.5)."""
+        reports = self._model_reports(model_id)
+        return {
+            "loads": sum(int(m.get("loads", 0)) for m in reports),
+            "evictions": sum(int(m.get("evictions", 0)) for m in reports),
+        }
+
+    def _model_reports(self, model_id: str) -> list[dict[str, Any]]:
+        return [m for hb in self.live_workers() for m in hb.models if m.get("name") == model_id]
 
     async def _admit(self, lane: Lane, pool: str, n_items: int) -> None:
         """Backpressure (architecture §2). The per-lane decision against this gateway's

@@ -30,7 +30,8 @@ from sie.core.subjects import (
     stream_name,
 )
 from sie.core.wire import Heartbeat, WorkItem, WorkResult, packb, salvage_reply
-from sie.engines.cache import ModelCache
+from sie.engines.cache import ModelCache, device_memory_bytes
+from sie.engines.weights import weights_bytes
 from sie.roles._config_sync import build_config_sync, run_config_sync
 from sie.roles._tasks import engine_batch_fn, run_task
 from sie.settings import ServeSettings
@@ -75,6 +76,9 @@ class WorkerRole:
         self.metrics = metrics
         self.worker_id = settings.worker_id
         self._status_changed = anyio.Event()
+        budget = settings.memory_budget_bytes or int(
+            settings.memory_budget_fraction * device_memory_bytes(settings.device)
+        )
         self.models = ModelCache(
             allowed_modules=self._bundle_adapters,
             run_batch=engine_batch_fn,
@@ -83,6 +87,11 @@ class WorkerRole:
             max_batch_wait_s=settings.max_batch_wait_ms / 1000.0,
             on_batch=self._on_batch,
             on_change=lambda: self._status_changed.set(),
+            memory_budget_bytes=budget,
+            idle_evict_s=settings.idle_evict_s,
+            pinned=settings.preload,
+            estimate_bytes=lambda entry: weights_bytes(entry.config),
+            on_evict=lambda model, reason: metrics.evictions.labels(model, reason).inc(),
         )
         self._inflight = anyio.Semaphore(settings.max_inflight_items)
         # config convergence (architecture §6, §7): deltas on sie.config.models.{bundle},
@@ -343,8 +352,8 @@ class WorkerRole:
 
     async def _execute(self, item: WorkItem) -> WorkResult:
         entry = self._entry(item)
-        loaded = await self.models.get(entry)
-        out = await run_task(item, entry, loaded)
+        async with self.models.use(entry) as loaded:  # never evicted while in use
+            out = await run_task(item, entry, loaded)
         queue_ms = max(0.0, (time.time() - item.timestamp) * 1000.0 - out.inference_ms)
         return WorkResult(
             work_item_id=item.work_item_id,

@@ -163,7 +163,8 @@ def test_health_probes(client: httpx.Client) -> None:
     assert h["type"] == "gateway" and h["status"] == "healthy"
     (w,) = h["workers"]
     assert w["ready"] and w["bundle"] == "default" and len(w["bundle_config_hash"]) == 64
-    assert {"name": MINILM, "state": "loaded"} in w["models"]
+    mini = next(m for m in w["models"] if m["name"] == MINILM)
+    assert mini["state"] == "loaded" and mini["loads"] == 1 and mini["bytes"] > 80_000_000
 
 
 def test_metrics(client: httpx.Client) -> None:
