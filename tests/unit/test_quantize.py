@@ -53,6 +53,6 @@ def test_sparse_never_below_float16() -> None:
 
 
 def test_unknown_dtype_names_the_field() -> None:
-    with pytest.raises(InvalidInput, match="params.output_dtype.*int4"):
+    with pytest.raises(InvalidInput, match=r"params\.output_dtype.*int4"):
         check_output_dtype("int4")
     assert check_output_dtype("ubinary") == "ubinary"
