@@ -45,9 +45,10 @@ lint: $(STAMP) ## ruff
 type: $(STAMP) ## mypy (strict on sie/core)
 	$(BIN)/mypy sie
 
-bench: $(STAMP) ## served /v1/encode vs raw SentenceTransformer.encode; NATS vs memory bus overhead
+bench: $(STAMP) ## served vs raw: encode, score (pairs/s), extract (texts/s); NATS vs memory bus overhead
 	$(BIN)/python bench/bench_encode.py
 	$(BIN)/python bench/bench_bus.py
+	$(BIN)/python bench/bench_functions.py
 
 clean: ## remove the venv
 	rm -rf $(VENV)

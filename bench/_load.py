@@ -1,6 +1,8 @@
 """Minimal closed-loop HTTP/1.1 load generator: N keep-alive connections, one
-in-flight request each, one text per ``POST /v1/encode`` request. Prints JSON
-``{rps, p50_ms, p99_ms, errors, requests}``. Used by bench_encode.py."""
+in-flight request each. ``--kind``: ``encode`` (one text per ``POST /v1/encode``),
+``score`` (one query and ``--pairs`` candidates per ``POST /v1/score``) or ``extract``
+(one text per ``POST /v1/extract``). Prints JSON ``{rps, p50_ms, p99_ms, errors,
+requests}``. Used by the bench_*.py scripts."""
 
 from __future__ import annotations
 
@@ -46,12 +48,24 @@ async def worker(
     writer.close()
 
 
-def run_load(port: int, model: str, connections: int, seconds: float) -> dict[str, float]:
+def run_load(
+    port: int,
+    model: str,
+    connections: int,
+    seconds: float,
+    *,
+    kind: str = "encode",
+    pairs: int = 16,
+) -> dict[str, float]:
     """Run this generator in a subprocess against ``127.0.0.1:port`` and return its JSON."""
     out = subprocess.run(
         [
             sys.executable,
             str(Path(__file__)),
+            "--kind",
+            kind,
+            "--pairs",
+            str(pairs),
             "--port",
             str(port),
             "--model",
@@ -69,27 +83,61 @@ def run_load(port: int, model: str, connections: int, seconds: float) -> dict[st
     return dict(json.loads(out.stdout))
 
 
+WORDS = "search engines rank documents by relevance to a query using dense vectors".split()
+NAMES = ["John Smith", "Maria Gonzalez", "Li Wei", "Amara Okafor", "Lukas Becker"]
+
+
+def sentence(i: int) -> str:
+    """Short, varied, deterministic text (8-16 words)."""
+    return " ".join(WORDS[(i + j) % len(WORDS)] for j in range(8 + i % 9))
+
+
+def bodies_for(kind: str, pairs: int) -> tuple[str, list[bytes]]:
+    """``(route, request bodies)`` for a load kind."""
+    if kind == "score":
+        return "score", [
+            json.dumps(
+                {
+                    "query": {"text": sentence(i)},
+                    "items": [{"text": sentence(i * pairs + k + 1)} for k in range(pairs)],
+                }
+            ).encode()
+            for i in range(64)
+        ]
+    if kind == "extract":
+        return "extract", [
+            json.dumps(
+                {
+                    "items": [
+                        {
+                            "text": f"Please ask {NAMES[i % 5]} ({NAMES[i % 5].split()[0].lower()}"
+                            f"@example.com) about {sentence(i)}, at 12 Baker Street, London."
+                        }
+                    ]
+                }
+            ).encode()
+            for i in range(256)
+        ]
+    return "encode", [json.dumps({"items": [{"text": sentence(i)}]}).encode() for i in range(256)]
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--kind", choices=["encode", "score", "extract"], default="encode")
+    ap.add_argument("--pairs", type=int, default=16, help="candidates per score request")
     a = ap.parse_args()
-    words = "search engines rank documents by relevance to a query using dense vectors".split()
-    bodies = [
-        json.dumps(
-            {"items": [{"text": " ".join(words[(i + j) % len(words)] for j in range(8 + i % 9))}]}
-        ).encode()
-        for i in range(256)
-    ]
+    route, bodies = bodies_for(a.kind, a.pairs)
     lat: list[float] = []
     errs: list[int] = []
     t0 = time.perf_counter()
     stop = t0 + a.seconds
     await asyncio.gather(
         *(
-            worker(a.port, f"/v1/encode/{a.model}", bodies, stop, lat, errs)
+            worker(a.port, f"/v1/{route}/{a.model}", bodies, stop, lat, errs)
             for _ in range(a.connections)
         )
     )

@@ -21,18 +21,15 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
-
-import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _load import run_load  # noqa: E402
+from _server import free_port, start_server  # noqa: E402
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 WORDS = (
@@ -68,46 +65,6 @@ def raw_throughput(texts: list[str], batch_sizes: list[int], seconds: float) -> 
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(port: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "SIE_CONFIG_PORT": str(free_port()), "SIE_LOG_LEVEL": "WARNING"}
-    sie = str(Path(sys.executable).with_name("sie"))
-    proc = subprocess.Popen(
-        [
-            sie,
-            "serve",
-            "--roles=gateway,config,worker",
-            "--bus=memory",
-            "--port",
-            str(port),
-            "--models-dir",
-            str(ROOT / "configs"),
-            "--bundles-dir",
-            str(ROOT / "bundles"),
-            "--preload",
-            MODEL,
-        ],
-        cwd=ROOT,
-        env=env,
-    )
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            h = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).json()
-            if h["workers"] and h["workers"][0]["ready"]:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise SystemExit("sie serve did not become ready")
-
-
 def served_throughput(port: int, connections: int, seconds: float) -> dict[str, float]:
     return run_load(port, MODEL, connections, seconds)
 
@@ -124,7 +81,7 @@ def main() -> None:
     best_bs = max(raw, key=lambda b: raw[b])
 
     port = free_port()
-    proc = start_server(port)
+    proc = start_server(port, preload=[MODEL])
     try:
         served_throughput(port, 32, 3.0)  # warm-up
         served = {}

@@ -52,6 +52,26 @@ def st_model(minilm_path: Path) -> Any:
     return SentenceTransformer(str(minilm_path), device="cpu")
 
 
+#: Models the tests build themselves (no hub): reused across runs on one machine.
+MODEL_CACHE = Path(os.environ.get("SIE_TEST_MODEL_CACHE", ROOT / ".cache" / "test-models"))
+
+
+@pytest.fixture(scope="session")
+def cross_encoder_dir() -> Path:
+    """MiniLM distilled into a cross-encoder (offline-models.md; ~1 min once, then cached)."""
+    from tests.distill import build_distilled_cross_encoder
+
+    return build_distilled_cross_encoder(MODEL_CACHE / "cross-encoder-distilled")
+
+
+@pytest.fixture(scope="session")
+def gliner_dir() -> Path:
+    """An untrained GLiNER on the MiniLM backbone (plumbing only; offline-models.md)."""
+    from tests.builders import build_untrained_gliner
+
+    return build_untrained_gliner(MODEL_CACHE / "gliner-untrained")
+
+
 def wait_for(pred: Any, timeout_s: float = 30.0) -> Any:
     """Poll ``pred`` every 50 ms until it returns something truthy; return that."""
     deadline = time.monotonic() + timeout_s

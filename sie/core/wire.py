@@ -264,6 +264,7 @@ class WorkResult(_Message):
     result_msgpack: bytes | None = None
     error: str | None = None
     error_code: str | None = None
+    error_field: str | None = None  # the request field an INVALID_INPUT error names
     inference_ms: float | None = None
     queue_ms: float | None = None
     tokenization_ms: float | None = None

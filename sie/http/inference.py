@@ -172,14 +172,23 @@ async def score(request: Request) -> Response:
                 raise InvalidInput(
                     f"items[{i}].text: required (text input)", field=f"items[{i}].text"
                 )
-        collected = await gateway.score(
-            target,
-            {"text": req.query.text},
-            [{"text": it.text} for it in req.items],
-            instruction=req.instruction,
-            options=options or None,
-            **_routing(request),
-        )
+        try:
+            collected = await gateway.score(
+                target,
+                {"text": req.query.text},
+                [{"text": it.text} for it in req.items],
+                instruction=req.instruction,
+                options=options or None,
+                **_routing(request),
+            )
+        except InvalidInput as exc:  # score options sit at the top level (no params wrapper)
+            field = exc.fields.get("field")
+            if isinstance(field, str) and field.startswith("params."):
+                raise InvalidInput(
+                    exc.message.replace("params.options.", "options."),
+                    field=field.removeprefix("params."),
+                ) from exc
+            raise
         raw = collected.results[0].result().get("scores")
         if not isinstance(raw, list) or len(raw) != len(req.items):
             raise SieError(

@@ -657,7 +657,12 @@ class GatewayRole:
             return
         codes = {r.error_code for r in failed}
         if len(failed) == len(results) and len(codes) == 1:
-            raise error_for_code(failed[0].error_code, failed[0].error or "worker error")
+            field = failed[0].error_field
+            raise error_for_code(
+                failed[0].error_code,
+                failed[0].error or "worker error",
+                **({"field": field} if field else {}),
+            )
         raise InferenceError(
             f"{len(failed)} of {len(results)} items failed",
             details=[

@@ -293,7 +293,7 @@ class WorkerRole:
                 self.metrics.work_items.labels(item.model_id, "cancelled").inc()
                 return
         except SieError as exc:
-            result = self._error(item, exc.code, exc.message)
+            result = self._error(item, exc.code, exc.message, exc.fields.get("field"))
             outcome = exc.code
         except Exception as exc:
             log.exception("work item %s failed", item.work_item_id)
@@ -317,8 +317,11 @@ class WorkerRole:
         await msg.ack()
         self.metrics.work_items.labels(item.model_id, outcome).inc()
 
-    def _error(self, item: WorkItem, code: str, message: str) -> WorkResult:
+    def _error(
+        self, item: WorkItem, code: str, message: str, field: str | None = None
+    ) -> WorkResult:
         return WorkResult(
+            error_field=field if isinstance(field, str) else None,
             work_item_id=item.work_item_id,
             request_id=item.request_id,
             item_index=item.item_index,

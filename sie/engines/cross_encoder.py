@@ -1,0 +1,138 @@
+"""Cross-encoder rerankers (bundle module ``sie.engines.cross_encoder``).
+
+``CrossEncoderScorer``: sentence-transformers ``CrossEncoder`` → one relevance
+score per ``(query, doc)`` pair (reference §1.6), read jointly by the model.
+Profile options: loadtime ``trust_remote_code``; runtime ``activation``:
+``"none"`` (default, the raw logit) or ``"sigmoid"`` (logit squashed into (0, 1),
+same order). ``instruction`` is prepended to each query as ``f"{instruction} {query}"``.
+The config's ``max_sequence_length`` caps the tokens of a pair (query and doc
+together, longest-first truncation); unset, the tokenizer's ``model_max_length``.
+
+Note: ``CrossEncoder.predict`` in sentence-transformers 6.x applies
+``nn.Sigmoid()`` by default to single-label (``num_labels=1``) models unless the
+saved config names another ``activation_fn``. This engine never relies on that
+default: it always passes the activation explicitly (``nn.Identity()`` for
+``"none"``), so a model's scores do not change with the library's default or the
+checkpoint's saved activation.
+torch and sentence-transformers are imported in ``load`` only (extra ``st``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sie.core.config import ModelConfig, ResolvedProfile
+from sie.core.errors import InferenceError, InvalidInput, ModelLoadFailed
+from sie.engines.sentence_transformers import _torch_bytes
+from sie.engines.weights import resolve_weights
+
+__all__ = ["ACTIVATIONS", "CrossEncoderScorer"]
+
+#: Values of the runtime option ``activation``; the first is the default.
+ACTIVATIONS = ("none", "sigmoid")
+#: Most pairs in one forward pass (``predict``'s ``batch_size``).
+MAX_PREDICT_BATCH = 64
+
+
+class CrossEncoderScorer:
+    """Query-document relevance from a sentence-transformers cross-encoder directory."""
+
+    def __init__(self, config: ModelConfig, profile: ResolvedProfile, device: str = "cpu") -> None:
+        self.config = config
+        self.profile = profile
+        self.device = device
+        self._model: Any = None
+        self._activations: dict[str, Any] = {}
+
+    def load(self) -> None:
+        path = resolve_weights(self.config)
+        try:
+            import torch
+            from sentence_transformers import CrossEncoder
+        except ImportError as exc:
+            raise ModelLoadFailed(
+                "sentence-transformers is not installed (pip install 'sie[st]')",
+                error_class="DEPENDENCY",
+                permanent=True,
+            ) from exc
+        try:
+            model = CrossEncoder(
+                str(path),
+                device=self.device,
+                trust_remote_code=bool(self.profile.loadtime.get("trust_remote_code", False)),
+                local_files_only=True,
+                max_length=self.config.max_sequence_length or None,
+            )
+        except Exception as exc:  # library raises OSError/ValueError/RuntimeError variously
+            raise ModelLoadFailed(
+                f"loading {self.config.sie_id!r} from {str(path)!r} failed: {exc}",
+                error_class="UNKNOWN",
+                permanent=True,
+            ) from exc
+        if model.num_labels != 1:
+            raise ModelLoadFailed(
+                f"model {self.config.sie_id!r}: a reranker needs a single-logit head, "
+                f"but the weights have num_labels={model.num_labels}",
+                error_class="CONFIG",
+                permanent=True,
+            )
+        model.eval()
+        self._activations = {"none": torch.nn.Identity(), "sigmoid": torch.nn.Sigmoid()}
+        self._model = model
+
+    def unload(self) -> None:
+        self._model = None
+        self._activations = {}
+
+    def memory_bytes(self) -> int:
+        return _torch_bytes(self._model)
+
+    def _activation(self, options: Mapping[str, Any]) -> str:
+        value = options.get("activation", ACTIVATIONS[0])
+        if value is None:
+            return ACTIVATIONS[0]
+        if not isinstance(value, str) or value not in ACTIVATIONS:
+            raise InvalidInput(
+                f"params.options.activation must be one of {list(ACTIVATIONS)}, got {value!r}",
+                field="params.options.activation",
+            )
+        return value
+
+    def score(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        *,
+        instruction: str | None,
+        options: Mapping[str, Any],
+    ) -> list[float]:
+        """One score per pair, in input order (higher is more relevant).
+
+        All pairs go to one ``predict`` call (``batch_size`` = number of pairs, at most
+        ``MAX_PREDICT_BATCH``); padding is masked, so a pair's score does not depend on
+        the other pairs (up to float rounding).
+
+        Raises:
+            InvalidInput: ``activation`` is not one of ``ACTIVATIONS``.
+            InferenceError: not loaded, or the forward pass failed.
+        """
+        activation = self._activation(options)
+        if self._model is None:
+            raise InferenceError(f"model {self.config.sie_id!r} is not loaded")
+        if not pairs:
+            return []
+        inputs = [[f"{instruction} {q}" if instruction is not None else q, d] for q, d in pairs]
+        try:
+            scores = self._model.predict(
+                inputs,
+                batch_size=min(len(inputs), MAX_PREDICT_BATCH),
+                show_progress_bar=False,
+                activation_fn=self._activations[activation],
+                convert_to_numpy=True,
+            )
+        except Exception as exc:
+            raise InferenceError(f"score failed: {exc}") from exc
+        out = [float(s) for s in scores.reshape(-1)]
+        if len(out) != len(pairs):
+            raise InferenceError(f"score returned {len(out)} scores for {len(pairs)} pairs")
+        return out
