@@ -35,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _load import bodies_for, run_load  # noqa: E402
 from _server import free_port, start_server  # noqa: E402
 
+from tests.distill import reranker_config_yaml  # noqa: E402
+
 RERANKER = "bench/minilm-cross-encoder"
 RAMPART = "nationaldesignstudio/rampart"
 PAIRS = 16
@@ -53,7 +55,7 @@ def raw_score(weights: Path, seconds: float) -> dict[int, float]:
     from sie.core.config import parse_model_config
     from sie.engines.cross_encoder import CrossEncoderScorer
 
-    cfg = parse_model_config(reranker_yaml(weights))
+    cfg = parse_model_config(reranker_config_yaml(RERANKER, weights))
     engine = CrossEncoderScorer(cfg, cfg.resolve_profile(), "cpu")
     engine.load()
     reqs = [json.loads(b) for b in bodies_for("score", PAIRS)[1]]
@@ -84,18 +86,6 @@ def raw_extract(seconds: float) -> dict[int, float]:
     return out
 
 
-def reranker_yaml(weights: Path) -> str:
-    return f"""sie_id: {RERANKER}
-weights_path: {weights}
-tasks: {{score: {{}}}}
-max_sequence_length: 256
-profiles:
-  default:
-    adapter_path: sie.engines.cross_encoder:CrossEncoderScorer
-    max_batch_tokens: 8192
-"""
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=10.0, help="per measurement")
@@ -115,7 +105,7 @@ def main() -> None:
         models = Path(tmp)
         for f in (ROOT / "configs").glob("*.yaml"):
             shutil.copy(f, models / f.name)
-        (models / "reranker.yaml").write_text(reranker_yaml(weights))
+        (models / "reranker.yaml").write_text(reranker_config_yaml(RERANKER, weights))
         port = free_port()
         proc = start_server(port, preload=[RERANKER, RAMPART], models_dir=models)
         try:

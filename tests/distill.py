@@ -237,3 +237,16 @@ def build_tiny_random_cross_encoder(out_dir: Path) -> Path:
     model.save_pretrained(str(build))
     tokenizer.save_pretrained(str(build))
     return _publish(build, out_dir)
+
+
+def reranker_config_yaml(sie_id: str, weights: Path) -> str:
+    """A model config serving ``weights`` with ``CrossEncoderScorer`` (reference §3.1)."""
+    return f"""sie_id: {sie_id}
+weights_path: {weights}
+tasks: {{score: {{}}}}
+max_sequence_length: 256
+profiles:
+  default:
+    adapter_path: sie.engines.cross_encoder:CrossEncoderScorer
+    max_batch_tokens: 8192
+"""

@@ -24,8 +24,8 @@ from typing import Any
 
 from sie.core.config import ModelConfig, ResolvedProfile
 from sie.core.errors import InferenceError, InvalidInput, ModelLoadFailed
-from sie.engines.sentence_transformers import _torch_bytes
-from sie.engines.weights import resolve_weights
+from sie.engines.sentence_transformers import load_st_model
+from sie.engines.tokens import torch_bytes
 
 __all__ = ["ACTIVATIONS", "CrossEncoderScorer"]
 
@@ -46,30 +46,15 @@ class CrossEncoderScorer:
         self._activations: dict[str, Any] = {}
 
     def load(self) -> None:
-        path = resolve_weights(self.config)
-        try:
-            import torch
-            from sentence_transformers import CrossEncoder
-        except ImportError as exc:
-            raise ModelLoadFailed(
-                "sentence-transformers is not installed (pip install 'sie[st]')",
-                error_class="DEPENDENCY",
-                permanent=True,
-            ) from exc
-        try:
-            model = CrossEncoder(
-                str(path),
-                device=self.device,
-                trust_remote_code=bool(self.profile.loadtime.get("trust_remote_code", False)),
-                local_files_only=True,
-                max_length=self.config.max_sequence_length or None,
-            )
-        except Exception as exc:  # library raises OSError/ValueError/RuntimeError variously
-            raise ModelLoadFailed(
-                f"loading {self.config.sie_id!r} from {str(path)!r} failed: {exc}",
-                error_class="UNKNOWN",
-                permanent=True,
-            ) from exc
+        model = load_st_model(
+            self.config,
+            self.profile,
+            self.device,
+            "CrossEncoder",
+            max_length=self.config.max_sequence_length or None,
+        )
+        import torch
+
         if model.num_labels != 1:
             raise ModelLoadFailed(
                 f"model {self.config.sie_id!r}: a reranker needs a single-logit head, "
@@ -86,7 +71,7 @@ class CrossEncoderScorer:
         self._activations = {}
 
     def memory_bytes(self) -> int:
-        return _torch_bytes(self._model)
+        return torch_bytes(self._model)
 
     def _activation(self, options: Mapping[str, Any]) -> str:
         value = options.get("activation", ACTIVATIONS[0])

@@ -25,9 +25,7 @@ the ``st`` extra; see the Makefile).
 
 from __future__ import annotations
 
-import copy
 import itertools
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +33,8 @@ from typing import Any
 from sie.core.config import ModelConfig, ResolvedProfile
 from sie.core.errors import InferenceError, InvalidInput, ModelLoadFailed
 from sie.engines.base import Entity
+from sie.engines.options import loadtime_positive_int, runtime_bool, runtime_fraction
+from sie.engines.tokens import counting_tokenizer, torch_bytes
 from sie.engines.weights import resolve_weights
 
 __all__ = ["GlinerExtractor"]
@@ -52,35 +52,6 @@ class _Window:
     char_end: int
     own_start: int  # spans starting in [own_start, own_end) are kept from this window
     own_end: int
-
-
-def _option_bool(options: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = options.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise InvalidInput(
-            f"params.options.{name} must be a boolean, got {type(value).__name__}",
-            field=f"params.options.{name}",
-        )
-    return value
-
-
-def _option_threshold(options: Mapping[str, Any], default: float) -> float:
-    value = options.get("threshold", default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidInput(
-            f"params.options.threshold must be a number in 0..1, got {type(value).__name__}",
-            field="params.options.threshold",
-        )
-    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
-        raise InvalidInput(
-            f"params.options.threshold must be in 0..1, got {value!r}",
-            field="params.options.threshold",
-        )
-    return float(value)
 
 
 def _check_labels(labels: Sequence[str] | None) -> list[str]:
@@ -152,13 +123,9 @@ class GlinerExtractor:
             ModelLoadFailed: weights not found (NOT_FOUND), gliner not installed
                 (DEPENDENCY), a bad loadtime option (CONFIG) or an unloadable directory.
         """
-        batch_size = self.profile.loadtime.get("batch_size", DEFAULT_BATCH_SIZE)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ModelLoadFailed(
-                f"model {self.config.sie_id!r}: loadtime.batch_size must be a positive integer",
-                error_class="CONFIG",
-                permanent=True,
-            )
+        batch_size = loadtime_positive_int(
+            self.profile.loadtime, "batch_size", DEFAULT_BATCH_SIZE, self.config.sie_id
+        )
         path = resolve_weights(self.config)
         try:
             from gliner import GLiNER
@@ -187,13 +154,7 @@ class GlinerExtractor:
                 error_class="UNKNOWN",
                 permanent=True,
             )
-        backend = getattr(processor.transformer_tokenizer, "backend_tokenizer", None)
-        if backend is not None:
-            # a private copy for counting: no truncation, no padding, no length warnings
-            backend = copy.deepcopy(backend)
-            backend.no_truncation()
-            backend.no_padding()
-        self._counter = backend
+        self._counter = counting_tokenizer(processor.transformer_tokenizer)
         self._batch_size = batch_size
         self._model = model
 
@@ -203,10 +164,7 @@ class GlinerExtractor:
 
     def memory_bytes(self) -> int:
         """Parameter plus buffer bytes of the loaded torch model (0 when unloaded)."""
-        if self._model is None:
-            return 0
-        tensors = [*self._model.parameters(), *self._model.buffers()]
-        return int(sum(t.numel() * t.element_size() for t in tensors))
+        return torch_bytes(self._model)
 
     # -- limits --------------------------------------------------------------------
 
@@ -343,9 +301,9 @@ class GlinerExtractor:
         """
         merged = {**self.profile.runtime, **options}
         wanted = _check_labels(labels)
-        threshold = _option_threshold(merged, DEFAULT_THRESHOLD)
-        flat_ner = _option_bool(merged, "flat_ner", True)
-        multi_label = _option_bool(merged, "multi_label", False)
+        threshold = runtime_fraction(merged, "threshold", DEFAULT_THRESHOLD)
+        flat_ner = runtime_bool(merged, "flat_ner", True)
+        multi_label = runtime_bool(merged, "multi_label", False)
         if self._model is None:
             raise InferenceError(f"model {self.config.sie_id!r} is not loaded")
         budget = self._token_budget(wanted)

@@ -12,16 +12,18 @@ torch and sentence-transformers are imported in ``load`` only (extra ``st``).
 
 from __future__ import annotations
 
-import copy
+import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from sie.core.config import ModelConfig, ResolvedProfile
-from sie.core.errors import InferenceError, InvalidInput, ModelLoadFailed
+from sie.core.errors import InferenceError, ModelLoadFailed
 from sie.core.templates import render_input
 from sie.engines.batching import plan_padding_chunks
+from sie.engines.options import runtime_positive_int
+from sie.engines.tokens import counting_tokenizer, torch_bytes
 from sie.engines.weights import resolve_weights
 
 __all__ = ["DenseEncoder", "SparseEncoder"]
@@ -33,12 +35,61 @@ def _l2(x: np.ndarray) -> np.ndarray:
     return (x / np.where(norm > 0, norm, 1.0)).astype(np.float32)
 
 
-def _torch_bytes(model: Any) -> int:
-    """Parameter plus buffer bytes of a torch module (0 when not loaded)."""
-    if model is None:
-        return 0
-    tensors = [*model.parameters(), *model.buffers()]
-    return int(sum(t.numel() * t.element_size() for t in tensors))
+def load_st_model(
+    config: ModelConfig, profile: ResolvedProfile, device: str, class_name: str, **kwargs: Any
+) -> Any:
+    """Construct ``sentence_transformers.<class_name>`` from the config's weights, offline.
+
+    ``max_sequence_length`` caps the model's window (never raises it).
+
+    Raises:
+        ModelLoadFailed: weights not found (NOT_FOUND), sentence-transformers missing
+            (DEPENDENCY), or the library failed to load them (UNKNOWN); all permanent.
+    """
+    path = resolve_weights(config)
+    try:
+        cls = getattr(importlib.import_module("sentence_transformers"), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise ModelLoadFailed(
+            f"sentence-transformers with {class_name} is not installed (pip install 'sie[st]')",
+            error_class="DEPENDENCY",
+            permanent=True,
+        ) from exc
+    try:
+        model = cls(
+            str(path),
+            device=device,
+            trust_remote_code=bool(profile.loadtime.get("trust_remote_code", False)),
+            local_files_only=True,
+            **kwargs,
+        )
+    except Exception as exc:  # library raises OSError/ValueError/RuntimeError variously
+        raise ModelLoadFailed(
+            f"loading {config.sie_id!r} from {str(path)!r} failed: {exc}",
+            error_class="UNKNOWN",
+            permanent=True,
+        ) from exc
+    window = getattr(model, "max_seq_length", None)
+    if config.max_sequence_length and window is not None:
+        model.max_seq_length = min(config.max_sequence_length, window or 10**9)
+    model.eval()
+    return model
+
+
+def _check_declared_dim(config: ModelConfig, output: str, actual: int) -> None:
+    """``tasks.encode.<output>.dim``, when declared, must match the weights.
+
+    Raises:
+        ModelLoadFailed: (CONFIG, permanent) they differ.
+    """
+    declared = config.dims.get(output)
+    if declared is not None and declared != actual:
+        raise ModelLoadFailed(
+            f"model {config.sie_id!r}: tasks.encode.{output}.dim is {declared} but the "
+            f"weights produce {actual} dimensions; fix the config",
+            error_class="CONFIG",
+            permanent=True,
+        )
 
 
 class DenseEncoder:
@@ -55,56 +106,15 @@ class DenseEncoder:
         self._dim = 0
 
     def load(self) -> None:
-        path = resolve_weights(self.config)
-        try:
-            from sentence_transformers import SentenceTransformer
-        except ImportError as exc:
-            raise ModelLoadFailed(
-                "sentence-transformers is not installed (pip install 'sie[st]')",
-                error_class="DEPENDENCY",
-                permanent=True,
-            ) from exc
-        try:
-            model = SentenceTransformer(
-                str(path),
-                device=self.device,
-                trust_remote_code=bool(self.profile.loadtime.get("trust_remote_code", False)),
-                local_files_only=True,
-            )
-        except Exception as exc:  # library raises OSError/ValueError/RuntimeError variously
-            raise ModelLoadFailed(
-                f"loading {self.config.sie_id!r} from {str(path)!r} failed: {exc}",
-                error_class="UNKNOWN",
-                permanent=True,
-            ) from exc
-        if self.config.max_sequence_length:
-            model.max_seq_length = min(
-                self.config.max_sequence_length, model.max_seq_length or 10**9
-            )
-        model.eval()
+        model = load_st_model(self.config, self.profile, self.device, "SentenceTransformer")
         self._model = model
         get_dim: Any = (
             getattr(model, "get_embedding_dimension", None)
             or model.get_sentence_embedding_dimension
         )
         self._dim = int(get_dim())
-        enc = self.config.tasks.encode
-        declared = enc.dense.dim if enc is not None and enc.dense is not None else None
-        if declared is not None and declared != self._dim:
-            raise ModelLoadFailed(
-                f"model {self.config.sie_id!r}: tasks.encode.dense.dim is {declared} but the "
-                f"weights produce {self._dim}-dimensional vectors; fix the config",
-                error_class="CONFIG",
-                permanent=True,
-            )
-        backend = getattr(model.tokenizer, "backend_tokenizer", None)
-        if backend is not None:
-            # A private copy: the inference thread re-configures the shared tokenizer's
-            # truncation/padding on every encode, so counting must not touch it.
-            backend = copy.deepcopy(backend)
-            backend.no_truncation()
-            backend.no_padding()
-        self._counter = backend
+        _check_declared_dim(self.config, "dense", self._dim)
+        self._counter = counting_tokenizer(model.tokenizer)
 
     def unload(self) -> None:
         self._model = None
@@ -216,7 +226,7 @@ class DenseEncoder:
         return [float(np.dot(qv[q], dv[d])) for q, d in pairs]
 
     def memory_bytes(self) -> int:
-        return _torch_bytes(self._model)
+        return torch_bytes(self._model)
 
     def _chunks(
         self, texts: Sequence[str], lengths: Sequence[int] | None = None
@@ -242,28 +252,7 @@ class SparseEncoder(DenseEncoder):
     outputs = ("sparse",)
 
     def load(self) -> None:
-        path = resolve_weights(self.config)
-        try:
-            from sentence_transformers import SparseEncoder as StSparseEncoder
-        except ImportError as exc:
-            raise ModelLoadFailed(
-                "sentence-transformers is not installed (pip install 'sie[st]')",
-                error_class="DEPENDENCY",
-                permanent=True,
-            ) from exc
-        try:
-            model = StSparseEncoder(str(path), device=self.device, local_files_only=True)
-        except Exception as exc:
-            raise ModelLoadFailed(
-                f"loading {self.config.sie_id!r} from {str(path)!r} failed: {exc}",
-                error_class="UNKNOWN",
-                permanent=True,
-            ) from exc
-        if self.config.max_sequence_length:
-            model.max_seq_length = min(
-                self.config.max_sequence_length, model.max_seq_length or 10**9
-            )
-        model.eval()
+        model = load_st_model(self.config, self.profile, self.device, "SparseEncoder")
         self._model = model
         # the output width is the MLM vocabulary; get_embedding_dimension() reports the
         # last module's hidden size for some checkpoints, so measure it once
@@ -275,21 +264,8 @@ class SparseEncoder(DenseEncoder):
                 error_class="UNKNOWN",
                 permanent=True,
             ) from exc
-        enc = self.config.tasks.encode
-        declared = enc.sparse.dim if enc is not None and enc.sparse is not None else None
-        if declared is not None and declared != self._dim:
-            raise ModelLoadFailed(
-                f"model {self.config.sie_id!r}: tasks.encode.sparse.dim is {declared} but the "
-                f"vocabulary has {self._dim} dimensions; fix the config",
-                error_class="CONFIG",
-                permanent=True,
-            )
-        backend = getattr(model.tokenizer, "backend_tokenizer", None)
-        if backend is not None:
-            backend = copy.deepcopy(backend)
-            backend.no_truncation()
-            backend.no_padding()
-        self._counter = backend
+        _check_declared_dim(self.config, "sparse", self._dim)
+        self._counter = counting_tokenizer(model.tokenizer)
 
     @property
     def sparse_dim(self) -> int:
@@ -306,14 +282,7 @@ class SparseEncoder(DenseEncoder):
         """``{"sparse": [(indices int32 (nnz,), values float32 (nnz,)), ...]}``."""
         if self._model is None:
             raise InferenceError(f"model {self.config.sie_id!r} is not loaded")
-        max_active = options.get("max_active_dims")
-        if max_active is not None and (
-            isinstance(max_active, bool) or not isinstance(max_active, int) or max_active < 1
-        ):
-            raise InvalidInput(
-                "params.options.max_active_dims must be a positive integer",
-                field="params.options.max_active_dims",
-            )
+        max_active = runtime_positive_int(options, "max_active_dims")
         is_query = bool(options.get("is_query", False))
         fn = self._model.encode_query if is_query else self._model.encode_document
         out: list[tuple[np.ndarray, np.ndarray]] = [

@@ -39,7 +39,6 @@ onnxruntime, tokenizers and numpy are imported in ``load`` only (extra ``extract
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +48,7 @@ from typing import Any
 from sie.core.config import ModelConfig, ResolvedProfile
 from sie.core.errors import InferenceError, InvalidInput, ModelLoadFailed
 from sie.engines.base import Entity
+from sie.engines.options import loadtime_positive_int, runtime_fraction
 from sie.engines.weights import resolve_weights
 
 __all__ = ["OnnxTokenClassifier"]
@@ -83,16 +83,6 @@ def _split_tag(tag: str) -> tuple[str, str | None]:
     if sep and tail and head.upper() in _BEGIN | _INSIDE:
         return ("B" if head.upper() in _BEGIN else "I"), tail
     return "I", tag
-
-
-def _positive_int(value: Any, name: str, sie_id: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ModelLoadFailed(
-            f"model {sie_id!r}: loadtime.{name} must be a positive integer, got {value!r}",
-            error_class="CONFIG",
-            permanent=True,
-        )
-    return value
 
 
 class OnnxTokenClassifier:
@@ -131,14 +121,10 @@ class OnnxTokenClassifier:
         """
         sie_id = self.config.sie_id
         loadtime = self.profile.loadtime
-        threads = _positive_int(
-            loadtime.get("intra_op_num_threads", min(os.cpu_count() or 1, 4)),
-            "intra_op_num_threads",
-            sie_id,
+        threads = loadtime_positive_int(
+            loadtime, "intra_op_num_threads", min(os.cpu_count() or 1, 4), sie_id
         )
-        batch_size = _positive_int(
-            loadtime.get("batch_size", DEFAULT_BATCH_SIZE), "batch_size", sie_id
-        )
+        batch_size = loadtime_positive_int(loadtime, "batch_size", DEFAULT_BATCH_SIZE, sie_id)
         root = resolve_weights(self.config)
         try:
             import numpy as np
@@ -334,7 +320,9 @@ class OnnxTokenClassifier:
             InferenceError: not loaded, or the ONNX run failed.
         """
         keep = self._label_filter(labels)
-        threshold = self._threshold({**self.profile.runtime, **options})
+        threshold = runtime_fraction(
+            {**self.profile.runtime, **options}, "threshold", DEFAULT_THRESHOLD
+        )
         if self._session is None:
             raise InferenceError(f"model {self.config.sie_id!r} is not loaded")
         docs = self._tokenize(texts)
@@ -356,23 +344,6 @@ class OnnxTokenClassifier:
         if isinstance(labels, str) or not all(isinstance(x, str) for x in labels):
             raise InvalidInput("params.labels must be a list of strings", field="params.labels")
         return frozenset(x.casefold() for x in labels) or None
-
-    @staticmethod
-    def _threshold(options: Mapping[str, Any]) -> float:
-        value = options.get("threshold", DEFAULT_THRESHOLD)
-        if value is None:
-            return DEFAULT_THRESHOLD
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise InvalidInput(
-                f"params.options.threshold must be a number in 0..1, got {type(value).__name__}",
-                field="params.options.threshold",
-            )
-        if not math.isfinite(value) or not 0.0 <= value <= 1.0:
-            raise InvalidInput(
-                f"params.options.threshold must be in 0..1, got {value!r}",
-                field="params.options.threshold",
-            )
-        return float(value)
 
     def _tokenize(self, texts: Sequence[str]) -> list[_Text]:
         encs = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)

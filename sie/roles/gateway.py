@@ -338,24 +338,44 @@ class GatewayRole:
             )
             self._streams.add(pool)
 
-    def _check_texts(self, entry: ModelEntry, texts: Sequence[tuple[str, Any]]) -> None:
-        """``(field, value)`` pairs: strings over ``max_text_chars`` are a 400 naming the field."""
-        limit = self.settings.max_text_chars
-        for name, text in texts:
-            if isinstance(text, str) and len(text) > limit:
+    def _prepare(
+        self,
+        model_id: str,
+        items: Sequence[Mapping[str, Any]],
+        task: str | None,
+        texts: list[tuple[str, Any]],
+    ) -> tuple[ModelEntry, str]:
+        """Resolve ``model_id`` and check the request before anything is published:
+        the item count, the model's ``task`` (``score`` / ``extract``), and every text
+        (``texts`` plus each item's) against ``max_text_chars``.
+
+        Raises:
+            ModelNotFound: unknown model (404).
+            InvalidInput: too many items, a missing task, or a text too long (400).
+        """
+        limit = self.settings.max_items_per_request
+        if len(items) > limit:
+            raise InvalidInput(
+                f"items: at most {limit} items per request, got {len(items)}", field="items"
+            )
+        entry, bundle = self.registry.resolve(model_id)
+        if task is not None and getattr(entry.config.tasks, task) is None:
+            verb = {"score": "scoring", "extract": "extraction"}.get(task, task)
+            raise InvalidInput(
+                f"model {entry.model_id!r} does not support {verb} (no tasks.{task})",
+                field="model",
+            )
+        chars = self.settings.max_text_chars
+        all_texts = texts + [(f"items[{i}].text", it.get("text")) for i, it in enumerate(items)]
+        for name, text in all_texts:
+            if isinstance(text, str) and len(text) > chars:
                 window = entry.config.max_sequence_length or "its window of"
                 raise InvalidInput(
-                    f"{name}: {len(text)} characters exceeds the limit of {limit} "
+                    f"{name}: {len(text)} characters exceeds the limit of {chars} "
                     f"(the model reads at most {window} tokens)",
                     field=name,
                 )
-
-    def _check_count(self, n: int, name: str = "items") -> None:
-        if n > self.settings.max_items_per_request:
-            raise InvalidInput(
-                f"{name}: at most {self.settings.max_items_per_request} items per request, got {n}",
-                field=name,
-            )
+        return entry, bundle
 
     async def encode(
         self,
@@ -386,13 +406,7 @@ class GatewayRole:
                 (e.g. 503 MODEL_LOADING, 502 MODEL_LOAD_FAILED); otherwise
                 InferenceError listing each failed item.
         """
-        self._check_count(len(items))
-        entry, bundle = self.registry.resolve(model_id)
-        self._check_texts(
-            entry,
-            [("params.instruction", instruction)]
-            + [(f"items[{i}].text", it.get("text")) for i, it in enumerate(items)],
-        )
+        entry, bundle = self._prepare(model_id, items, None, [("params.instruction", instruction)])
         common = {
             "output_types": output_types,
             "instruction": instruction,
@@ -429,17 +443,11 @@ class GatewayRole:
         Raises:
             as ``encode``; InvalidInput also when the model has no ``tasks.score``.
         """
-        self._check_count(len(items))
-        entry, bundle = self.registry.resolve(model_id)
-        if entry.config.tasks.score is None:
-            raise InvalidInput(
-                f"model {entry.model_id!r} does not support scoring (no tasks.score)",
-                field="model",
-            )
-        self._check_texts(
-            entry,
-            [("instruction", instruction), ("query.text", query.get("text"))]
-            + [(f"items[{i}].text", it.get("text")) for i, it in enumerate(items)],
+        entry, bundle = self._prepare(
+            model_id,
+            items,
+            "score",
+            [("instruction", instruction), ("query.text", query.get("text"))],
         )
         work = {
             "query_item": dict(query),
@@ -478,17 +486,8 @@ class GatewayRole:
         Raises:
             as ``encode``; InvalidInput also when the model has no ``tasks.extract``.
         """
-        self._check_count(len(items))
-        entry, bundle = self.registry.resolve(model_id)
-        if entry.config.tasks.extract is None:
-            raise InvalidInput(
-                f"model {entry.model_id!r} does not support extraction (no tasks.extract)",
-                field="model",
-            )
-        self._check_texts(
-            entry,
-            [("params.instruction", instruction)]
-            + [(f"items[{i}].text", it.get("text")) for i, it in enumerate(items)],
+        entry, bundle = self._prepare(
+            model_id, items, "extract", [("params.instruction", instruction)]
         )
         common = {
             "labels": labels,

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import BUNDLES, CONFIGS, MINILM, Stack, run_stack
+from tests.distill import reranker_config_yaml
 
 pytestmark = pytest.mark.slow
 
@@ -32,17 +33,7 @@ MSGPACK = {"Content-Type": "application/msgpack", "Accept": "application/msgpack
 
 
 def _extra_configs(models: Path, cross_encoder_dir: Path, gliner_dir: Path) -> None:
-    (models / "reranker.yaml").write_text(
-        f"""sie_id: {RERANKER}
-weights_path: {cross_encoder_dir}
-tasks: {{score: {{}}}}
-max_sequence_length: 256
-profiles:
-  default:
-    adapter_path: sie.engines.cross_encoder:CrossEncoderScorer
-    max_batch_tokens: 8192
-"""
-    )
+    (models / "reranker.yaml").write_text(reranker_config_yaml(RERANKER, cross_encoder_dir))
     (models / "gliner.yaml").write_text(
         f"""sie_id: {GLINER}
 weights_path: {gliner_dir}
