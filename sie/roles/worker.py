@@ -3,9 +3,10 @@
 Lane: ``sie.work.{pool}.{machine_profile}.{bundle}.*`` on stream
 ``WORK_POOL_{pool}`` (architecture §8.2), durable consumer
 ``{bundle}_{machine_profile}``. For each work item (§16.2 step 3): decode, resolve
-the model in the local registry, load it on first use, submit the text to the
-model's token-budget batcher, publish the ``WorkResult`` on the item's
-``reply_subject``, and only then ack. A failing item yields an error result with
+the model in the local registry, load it on first use (``sie.engines.cache``: memory
+budget, LRU eviction), run its operation (encode, score or extract) through the
+model's token-budget batcher (``sie.roles._tasks``), publish the ``WorkResult`` on
+the item's ``reply_subject``, and only then ack. A failing item yields an error result with
 a code (the worker never dies of bad input); a result that cannot be published
 is NAKed for redelivery, so acknowledged work is never lost.
 """
