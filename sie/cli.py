@@ -118,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # httpx logs every request at INFO: the config poller would write a line per poll
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.root.level))
     # Offline by default: weights come from weights_path, packages or the local cache.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
