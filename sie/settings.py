@@ -82,6 +82,13 @@ class ServeSettings(BaseModel):
     auth_tokens: tuple[SecretStr, ...] = ()
     admin_token: SecretStr | None = None
     auth_exempt_operational: bool = False
+    # engine-state admission for generation (admission-gate.md; sie.core.admission)
+    admission_kv_threshold: float = Field(default=0.90, gt=0, le=1)
+    admission_max_inflight: int | None = Field(default=None, ge=1)
+    admission_max_park_s: float = Field(default=120.0, ge=0)
+    admission_observe_models: tuple[str, ...] = ()
+    admission_poll_interval_s: float = Field(default=2.0, gt=0)
+    admission_keepalive_s: float = Field(default=15.0, gt=0)
 
     @field_validator("roles", mode="before")
     @classmethod
@@ -130,6 +137,13 @@ class ServeSettings(BaseModel):
         if isinstance(v, str):
             return tuple(x.strip() for x in v.split(",") if x.strip())
         return tuple(v)  # type: ignore[arg-type]
+
+    @field_validator("admission_observe_models", mode="before")
+    @classmethod
+    def _csv_models(cls, v: object) -> object:
+        if isinstance(v, str):
+            return tuple(x.strip() for x in v.split(",") if x.strip())
+        return v
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], **overrides: object) -> ServeSettings:
@@ -190,4 +204,10 @@ ENV_VARS: dict[str, str] = {
     "SIE_AUTH_TOKENS": "auth_tokens",
     "SIE_ADMIN_TOKEN": "admin_token",
     "SIE_AUTH_EXEMPT_OPERATIONAL": "auth_exempt_operational",
+    "SIE_ADMISSION_KV_THRESHOLD": "admission_kv_threshold",
+    "SIE_ADMISSION_MAX_INFLIGHT": "admission_max_inflight",
+    "SIE_ADMISSION_MAX_PARK_SECONDS": "admission_max_park_s",
+    "SIE_ADMISSION_OBSERVE_MODELS": "admission_observe_models",
+    "SIE_ADMISSION_POLL_INTERVAL_S": "admission_poll_interval_s",
+    "SIE_ADMISSION_KEEPALIVE_S": "admission_keepalive_s",
 }

@@ -144,5 +144,46 @@ class Metrics:
             registry=self.registry,
         )
 
+        # engine-state admission for generation (admission-gate.md "Metrics the gate exports")
+        self.admission_parked = Counter(
+            "sie_admission_parked_total",
+            "Generation requests parked by the engine-state admission gate",
+            ["model"],
+            registry=self.registry,
+        )
+        self.admission_rejected = Counter(
+            "sie_admission_rejected_total",
+            "Parked generation requests answered 503 ENGINE_SATURATED after the park limit, "
+            "by the last park reason (kv_cache, inflight)",
+            ["model", "reason"],
+            registry=self.registry,
+        )
+        self.engine_state_stale = Counter(
+            "sie_engine_state_stale_total",
+            "Transitions of an engine's observed state to unhealthy (consecutive failed reads); "
+            "the gate then fails open",
+            ["model"],
+            registry=self.registry,
+        )
+        self.vllm_requests_running = Gauge(
+            "sie_vllm_requests_running",
+            "The admission gate's latest reading of the engine's running requests",
+            ["model"],
+            registry=self.registry,
+        )
+        self.vllm_kv_usage_perc = Gauge(
+            "sie_vllm_kv_usage_perc",
+            "The admission gate's latest reading of the engine's KV-cache usage (fraction 0..1)",
+            ["model"],
+            registry=self.registry,
+        )
+        self.observer_degraded = Gauge(
+            "sie_observer_degraded",
+            "1 when the engine-state observer's startup self-check could not read the engine, "
+            "until a read succeeds",
+            ["model"],
+            registry=self.registry,
+        )
+
 
 METRICS = Metrics()

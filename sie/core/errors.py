@@ -36,6 +36,7 @@ Tree::
     ├── Provisioning               503 PROVISIONING       (no worker serves the lane; Retry-After 60)
     ├── GatewayTimeout             504 GATEWAY_TIMEOUT    (retryable, Retry-After 5)
     ├── ShuttingDown               503 SHUTTING_DOWN      (retryable, Retry-After 5)
+    ├── AdmissionRejected          503 ENGINE_SATURATED   (parked past the limit; Retry-After 5)
     └── WireError                  400 INVALID_PAYLOAD    (undecodable msgpack / JSON)
 """
 
@@ -44,6 +45,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "AdmissionRejected",
     "AuthMisconfigured",
     "Backpressure",
     "BundleConflict",
@@ -258,6 +260,15 @@ class ShuttingDown(SieError):
     retry_after_s = 5
 
 
+class AdmissionRejected(SieError):
+    """A generation request stayed parked by the engine-state admission gate for
+    ``ADMISSION_MAX_PARK_SECONDS`` (admission-gate.md "The decision"); retry later."""
+
+    code = "ENGINE_SATURATED"
+    status = 503
+    retry_after_s = 5
+
+
 _BY_CODE: dict[str, type[SieError]] = {
     cls.code: cls
     for cls in (
@@ -291,6 +302,7 @@ _BY_CODE: dict[str, type[SieError]] = {
         GatewayTimeout,
         Provisioning,
         ShuttingDown,
+        AdmissionRejected,
     )
 }
 
