@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 
 import anyio
@@ -70,6 +71,10 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+#: A second SIGINT/SIGTERM this soon after the first is a duplicate delivery (seconds).
+SIGNAL_REPEAT_S = 1.0
+
+
 async def _serve(settings: ServeSettings) -> None:
     from sie.container import Container  # imports starlette/hypercorn only when serving
 
@@ -78,9 +83,14 @@ async def _serve(settings: ServeSettings) -> None:
     async with anyio.create_task_group() as tg:
 
         async def on_signals() -> None:
+            first_at = 0.0
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
                     if shutdown.is_set():
+                        # `make run` forwards the signal its process group already got:
+                        # a repeat within a second is that copy, not a second request
+                        if time.monotonic() - first_at < SIGNAL_REPEAT_S:
+                            continue
                         log.warning("second signal: exiting now")
                         tg.cancel_scope.cancel()
                         return
@@ -89,6 +99,7 @@ async def _serve(settings: ServeSettings) -> None:
                         signal.Signals(signum).name,
                         settings.drain_timeout_s,
                     )
+                    first_at = time.monotonic()
                     shutdown.set()
                     tg.start_soon(deadline)
 

@@ -223,7 +223,8 @@ class DenseEncoder:
         unit = vecs["dense"]
         qv = dict(zip(queries, unit[: len(queries)], strict=True))
         dv = dict(zip(docs, unit[len(queries) :], strict=True))
-        return [float(np.dot(qv[q], dv[d])) for q, d in pairs]
+        # unit vectors: clip the float32 rounding that puts identical texts above 1
+        return [float(np.clip(np.dot(qv[q], dv[d]), -1.0, 1.0)) for q, d in pairs]
 
     def memory_bytes(self) -> int:
         return torch_bytes(self._model)
@@ -320,12 +321,12 @@ class SparseEncoder(DenseEncoder):
         qs = self.encode(
             self.prepare(queries, instruction=instruction, is_query=True, options=options)[0],
             output_types=("sparse",),
-            options={"is_query": True},
+            options={**options, "is_query": True},
         )["sparse"]
         ds = self.encode(
             self.prepare(docs, instruction=None, is_query=False, options=options)[0],
             output_types=("sparse",),
-            options={},
+            options={**options, "is_query": False},
         )["sparse"]
         qd = {
             q: dict(zip(i.tolist(), v.tolist(), strict=True))

@@ -54,7 +54,17 @@ def _timing_headers(c: Collected) -> dict[str, str]:
 
 def _profile_target(gateway: GatewayRole, model: str, profile: str | None, where: str) -> str:
     """``options.profile`` selects a named profile: route to the ``model:profile`` id (§16.1)."""
-    if profile is None or profile == "default":
+    if profile is None:
+        return model
+    if ":" in model:  # the path already names a profile (model:profile)
+        if model.rpartition(":")[2] != profile:
+            raise InvalidInput(
+                f"{where}.profile: {profile!r} conflicts with the profile in the model id "
+                f"{model!r}; give one or the other",
+                field=f"{where}.profile",
+            )
+        return model
+    if profile == "default":
         return model
     target = f"{model}:{profile}"
     if target not in gateway.registry.snapshot.entries:
@@ -163,7 +173,7 @@ async def score(request: Request) -> Response:
 
     async def run(gateway: GatewayRole, model: str, payload: Any) -> Response:
         req: ScoreRequest = validate(ScoreRequest, payload)
-        options = dict(req.options or {})
+        options = req.options.model_dump(exclude_none=True) if req.options else {}
         target = _profile_target(gateway, model, options.pop("profile", None), "options")
         if req.query.text is None:
             raise InvalidInput("query.text: required (text input)", field="query.text")
@@ -220,7 +230,7 @@ async def extract(request: Request) -> Response:
     async def run(gateway: GatewayRole, model: str, payload: Any) -> Response:
         req: ExtractRequest = validate(ExtractRequest, payload)
         params = req.params or ExtractParams()
-        options = dict(params.options or {})
+        options = params.options.model_dump(exclude_none=True) if params.options else {}
         target = _profile_target(gateway, model, options.pop("profile", None), "params.options")
         for i, item in enumerate(req.items):
             if item.text is None:

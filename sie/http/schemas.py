@@ -26,6 +26,7 @@ __all__ = [
     "ExtractParams",
     "ExtractRequest",
     "Item",
+    "RuntimeOptions",
     "ScoreRequest",
 ]
 
@@ -58,20 +59,23 @@ class Item(_Lenient):
     metadata: dict[str, Any] | None = None
 
 
-class EncodeOptions(BaseModel):
-    """Runtime options (reference §1.5). Known keys are type-checked; others pass through
-    to the engine untouched."""
+class RuntimeOptions(BaseModel):
+    """Runtime options (reference §1.5-§1.7). Keys every engine shares are type-checked
+    here; engine-specific keys pass through and the engine checks them."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
     profile: StrictStr | None = None
-    output_types: list[OutputType] | None = Field(default=None, min_length=1)
     is_query: StrictBool | None = None
     instruction: StrictStr | None = None
-    output_dtype: OutputDtype | None = None
     normalize: StrictBool | None = None
     query_template: StrictStr | None = None
     doc_template: StrictStr | None = None
+
+
+class EncodeOptions(RuntimeOptions):
+    output_types: list[OutputType] | None = Field(default=None, min_length=1)
+    output_dtype: OutputDtype | None = None
 
 
 class EncodeParams(_Lenient):
@@ -103,7 +107,7 @@ class ScoreRequest(_Lenient):
     query: Item
     items: list[Item] = Field(min_length=1)
     instruction: Text | None = None
-    options: dict[str, Any] | None = None
+    options: RuntimeOptions | None = None
     top_k: StrictInt | None = Field(default=None, gt=0)
 
 
@@ -111,7 +115,7 @@ class ExtractParams(_Lenient):
     labels: list[Annotated[Text, Field(min_length=1)]] | None = Field(default=None, min_length=1)
     output_schema: dict[str, Any] | None = None
     instruction: Text | None = None
-    options: dict[str, Any] | None = None
+    options: RuntimeOptions | None = None
 
 
 class ExtractRequest(_Lenient):

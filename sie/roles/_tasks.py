@@ -41,6 +41,9 @@ __all__ = ["TaskOutcome", "engine_batch_fn", "freeze", "run_task"]
 #: Texts up to this many characters are tokenised inline (microseconds); longer ones in a thread.
 INLINE_PREPARE_CHARS = 2048
 
+#: Candidates per batcher submission of a score request.
+SCORE_CHUNK_PAIRS = 32
+
 #: Option keys the worker consumes itself; they never reach an engine or a batch key.
 _WORKER_OPTIONS = ("output_dtype", "output_types", "profile", "is_query", "instruction")
 
@@ -226,12 +229,43 @@ async def _score(item: WorkItem, entry: ModelEntry, loaded: Any) -> TaskOutcome:
     options = _options(item, entry)
     instruction = item.instruction or options.get("instruction")
     engine_options = _engine_options(options)
-    pairs = [(query, d) for d in docs]
-    # cost ~ tokens: characters / 4 per pair (reference §4.6 scores by characters)
-    cost = sum(max(1, (len(query) + len(d)) // 4) for d in docs)
     key = ("score", instruction, freeze(engine_options))
-    scores, stats = await loaded.batcher.submit((pairs, engine_options), cost, key)
-    return TaskOutcome({"scores": scores}, stats.inference_s * 1000.0, 0.0, cost)
+    # The candidates go to the batcher in chunks, not as one payload: other requests'
+    # work interleaves with a huge one, and a cancelled request (work_cancel, timeout)
+    # stops after the chunk that is running instead of after all of them.
+    chunks = [docs[i : i + SCORE_CHUNK_PAIRS] for i in range(0, len(docs), SCORE_CHUNK_PAIRS)]
+    results: list[list[float]] = [[] for _ in chunks]
+    inference_s = 0.0
+    cost = 0
+
+    async def one(i: int, chunk: list[str]) -> None:
+        nonlocal inference_s, cost
+        # cost ~ tokens: characters / 4 per pair (reference §4.6 scores by characters)
+        c = sum(max(1, (len(query) + len(d)) // 4) for d in chunk)
+        pairs = [(query, d) for d in chunk]
+        results[i], stats = await loaded.batcher.submit((pairs, engine_options), c, key)
+        inference_s += stats.inference_s
+        cost += c
+
+    if len(chunks) == 1:
+        await one(0, chunks[0])
+    else:
+        try:
+            async with anyio.create_task_group() as tg:
+                for i, chunk in enumerate(chunks):
+                    tg.start_soon(one, i, chunk)
+        except BaseExceptionGroup as group:  # one chunk's error is the request's error
+            raise _first_error(group) from None
+    scores = [x for r in results for x in r]
+    return TaskOutcome({"scores": scores}, inference_s * 1000.0, 0.0, cost)
+
+
+def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first leaf of an exception group (the engine error a chunk raised)."""
+    leaf: BaseException = group
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    return leaf
 
 
 async def _extract(item: WorkItem, entry: ModelEntry, loaded: Any) -> TaskOutcome:

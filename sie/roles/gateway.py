@@ -42,7 +42,7 @@ from sie.core.subjects import (
     stream_name,
     work_subject,
 )
-from sie.core.wire import Heartbeat, WorkItem, WorkResult
+from sie.core.wire import Heartbeat, WorkItem, WorkResult, packb
 from sie.roles._config_sync import build_config_sync, run_config_sync
 from sie.roles._dlq import DeadLetters
 from sie.roles._lanes import Lane, LaneTelemetry
@@ -369,10 +369,14 @@ class GatewayRole:
         all_texts = texts + [(f"items[{i}].text", it.get("text")) for i, it in enumerate(items)]
         for name, text in all_texts:
             if isinstance(text, str) and len(text) > chars:
-                window = entry.config.max_sequence_length or "its window of"
+                window = entry.config.max_sequence_length
+                why = (
+                    f" (the model reads at most {window} tokens)"
+                    if window and task != "extract"  # extract reads long texts in windows
+                    else ""
+                )
                 raise InvalidInput(
-                    f"{name}: {len(text)} characters exceeds the limit of {chars} "
-                    f"(the model reads at most {window} tokens)",
+                    f"{name}: {len(text)} characters exceeds the limit of {chars}{why}",
                     field=name,
                 )
         return entry, bundle
@@ -602,12 +606,25 @@ class GatewayRole:
 
     @staticmethod
     def _encode_item(wi: WorkItem) -> bytes:
+        """The work item as msgpack.
+
+        Raises:
+            InvalidInput: a request value msgpack cannot carry (e.g. a 65-bit integer or
+                a lone surrogate), naming the request field it came from.
+        """
         try:
             return wi.to_bytes()
-        except WireError as exc:  # e.g. a 65-bit integer or a lone surrogate in options
-            raise InvalidInput(
-                f"params.options: cannot be forwarded: {exc.message}", field="params.options"
-            ) from exc
+        except WireError as exc:
+            field = "options"
+            for name in ("options", "output_schema", "labels", "instruction"):
+                try:
+                    packb(getattr(wi, name))
+                except WireError:
+                    field = name
+                    break
+            # score requests have no params wrapper (reference §1.6)
+            where = field if wi.operation == "score" else f"params.{field}"
+            raise InvalidInput(f"{where}: cannot be forwarded: {exc.message}", field=where) from exc
 
     async def _publish_all(
         self, subject: str, lane: Lane, pool: str, work: list[tuple[str, bytes]]

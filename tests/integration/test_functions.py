@@ -477,3 +477,60 @@ profiles:
         # the worker and the other model are unaffected
         r = client.post(f"/v1/encode/{MINILM}", json={"items": [{"text": "still here"}]})
         assert r.status_code == 200
+
+
+def test_large_score_requests_are_chunked_and_errors_stay_4xx(c: httpx.Client) -> None:
+    """A score request is one work item, but its candidates reach the batcher in chunks:
+    results equal scoring them one by one, and a chunk's error is the request's 400."""
+    docs = [
+        f"document {i} about {'bread baking' if i % 7 == 0 else 'stock prices'}" for i in range(100)
+    ]
+    body = {"query": {"text": "baking bread"}, "items": [{"text": d} for d in docs]}
+    big = ok(c.post(f"/v1/score/{RERANKER}", json=body))["scores"]
+    assert len(big) == 100 and sorted(s["item_id"] for s in big) == sorted(
+        f"item-{i}" for i in range(100)
+    )
+    by_id = {s["item_id"]: s["score"] for s in big}
+    for i in (0, 35, 99):  # the same pair alone scores the same
+        alone = ok(c.post(f"/v1/score/{RERANKER}", json={**body, "items": [{"text": docs[i]}]}))
+        assert abs(alone["scores"][0]["score"] - by_id[f"item-{i}"]) < 1e-4
+    r = c.post(f"/v1/score/{RERANKER}", json={**body, "options": {"activation": "tanh"}})
+    bad(r, 400, "options.activation")
+
+
+def test_shared_options_are_type_checked_on_every_function(c: httpx.Client) -> None:
+    q = {"query": {"text": "q"}, "items": [{"text": "a"}]}
+    bad(
+        c.post(f"/v1/score/{MINILM}", json={**q, "options": {"normalize": "yes"}}),
+        400,
+        "options.normalize",
+    )
+    bad(
+        c.post(
+            f"/v1/extract/{RAMPART}",
+            json={"items": [{"text": "a"}], "params": {"options": {"is_query": "x"}}},
+        ),
+        400,
+        "params.options.is_query",
+    )
+    bad(
+        c.post(f"/v1/score/{SPLADE}", json={**q, "options": {"max_active_dims": -1}}),
+        400,
+        "options.max_active_dims",
+    )
+
+
+def test_profile_in_the_id_and_in_options_must_agree(c: httpx.Client) -> None:
+    body = {"items": [{"text": "a"}], "params": {"options": {"profile": "other"}}}
+    bad(c.post(f"/v1/encode/{MINILM}:default", json=body), 400, "params.options.profile")
+    body["params"]["options"]["profile"] = "default"
+    ok(c.post(f"/v1/encode/{MINILM}:default", json=body))
+
+
+def test_unforwardable_values_name_their_field(c: httpx.Client) -> None:
+    raw = b'{"items":[{"text":"a"}],"params":{"output_schema":{"k":"\\udfff"}}}'
+    r = c.post(f"/v1/extract/{RAMPART}", content=raw, headers={"Content-Type": "application/json"})
+    bad(r, 400, "params.output_schema")
+    raw = b'{"query":{"text":"q"},"items":[{"text":"a"}],"options":{"x":"\\udfff"}}'
+    r = c.post(f"/v1/score/{MINILM}", content=raw, headers={"Content-Type": "application/json"})
+    assert bad(r, 400, "options").startswith("options:")
