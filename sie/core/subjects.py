@@ -18,6 +18,8 @@ __all__ = [
     "HEALTH_WILDCARD",
     "cancel_subject",
     "config_subject",
+    "direct_filter",
+    "direct_subject",
     "dlq_msg_id",
     "dlq_subject",
     "health_subject",
@@ -64,6 +66,21 @@ def work_subject(pool: str, machine_profile: str, bundle: str, model_id: str) ->
     """``sie.work.{pool}.{machine_profile}.{bundle}.{model}`` with every token normalised."""
     toks = (pool, machine_profile, bundle, model_id)
     return "sie.work." + ".".join(normalize_model_id(t) for t in toks)
+
+
+def direct_subject(
+    pool: str, machine_profile: str, bundle: str, model_id: str, worker_id: str
+) -> str:
+    """Worker-direct dispatch (generation, §8.2):
+    ``sie.work.{pool}.{machine_profile}.{bundle}.{model}.{worker_id}``; one token more
+    than the pool stream's ``sie.work.{pool}.*.*.*``, so the stream never captures it."""
+    return f"{work_subject(pool, machine_profile, bundle, model_id)}.{normalize_model_id(worker_id)}"
+
+
+def direct_filter(pool: str, machine_profile: str, bundle: str, worker_id: str) -> str:
+    """What one worker subscribes to for direct dispatch: any model of its lane."""
+    lane = ".".join(normalize_model_id(t) for t in (pool, machine_profile, bundle))
+    return f"sie.work.{lane}.*.{normalize_model_id(worker_id)}"
 
 
 def lane_filter(pool: str, machine_profile: str, bundle: str) -> str:

@@ -30,6 +30,7 @@ from sie.core.errors import WireError
 
 __all__ = [
     "ConfigNotification",
+    "GenerationChunk",
     "Heartbeat",
     "WorkItem",
     "WorkResult",
@@ -285,6 +286,30 @@ class WorkResult(_Message):
         if not isinstance(out, dict):
             raise WireError("WorkResult.result_msgpack is not a map")
         return out
+
+
+@dataclass(slots=True)
+class GenerationChunk(_Message):
+    """One piece of a generation stream, on the request's inbox (architecture §8.2,
+    §15.1). ``seq`` counts from 0 per request with no gaps: the gateway fails the
+    stream on a gap rather than emit text out of order. ``seq`` 0 is the worker's
+    acceptance (no text). The last chunk has ``done`` set and carries
+    ``finish_reason`` (``stop`` / ``length``) and the token counts, or ``error`` /
+    ``error_code`` (and ``error_field``) when the request failed.
+    """
+
+    request_id: str
+    seq: int
+    text: str = ""
+    done: bool = False
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    error: str | None = None
+    error_code: str | None = None
+    error_field: str | None = None
+    worker_id: str | None = None
+    generation: bool = True  # tells a chunk from a WorkResult on the shared inbox
 
 
 @dataclass(slots=True)

@@ -3,6 +3,8 @@
 import pytest
 
 from sie.core.subjects import (
+    direct_filter,
+    direct_subject,
     inbox_subject,
     inbox_wildcard,
     lane_filter,
@@ -77,3 +79,12 @@ def test_direct_dispatch_subject_does_not_match_pool_stream() -> None:
     assert not subject_matches(
         stream_subjects("default")[0], "sie.work.default.l4.default.m.worker-1"
     )
+
+
+def test_direct_dispatch_subject_escapes_the_pool_stream() -> None:
+    # architecture §8.2: one token after the model, so WORK_POOL_{pool} never stores it
+    s = direct_subject("default", "l4", "default", "HuggingFaceTB/SmolLM2-135M-Instruct", "w-1")
+    assert s == "sie.work.default.l4.default.HuggingFaceTB__SmolLM2-135M-Instruct.w-1"
+    assert not subject_matches("sie.work.default.*.*.*", s)
+    assert subject_matches(direct_filter("default", "l4", "default", "w-1"), s)
+    assert not subject_matches(direct_filter("default", "l4", "default", "w-2"), s)

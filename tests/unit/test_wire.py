@@ -110,3 +110,22 @@ def test_heartbeat_round_trip() -> None:
         models=[{"name": "m", "state": "loaded"}],
     )
     assert Heartbeat.from_bytes(hb.to_bytes()) == hb
+
+
+def test_generation_chunk_roundtrip() -> None:
+    from sie.core.wire import GenerationChunk
+
+    last = GenerationChunk(
+        request_id="r",
+        seq=7,
+        text="Paris.",
+        done=True,
+        finish_reason="stop",
+        prompt_tokens=31,
+        completion_tokens=8,
+        worker_id="w",
+    )
+    back = GenerationChunk.from_bytes(last.to_bytes())
+    assert back == last and back.generation is True
+    with pytest.raises(WireError):
+        GenerationChunk.from_bytes(GenerationChunk(request_id="r", seq=0).to_bytes()[:-2])
