@@ -74,7 +74,9 @@ def direct_subject(
     """Worker-direct dispatch (generation, §8.2):
     ``sie.work.{pool}.{machine_profile}.{bundle}.{model}.{worker_id}``; one token more
     than the pool stream's ``sie.work.{pool}.*.*.*``, so the stream never captures it."""
-    return f"{work_subject(pool, machine_profile, bundle, model_id)}.{normalize_model_id(worker_id)}"
+    return (
+        f"{work_subject(pool, machine_profile, bundle, model_id)}.{normalize_model_id(worker_id)}"
+    )
 
 
 def direct_filter(pool: str, machine_profile: str, bundle: str, worker_id: str) -> str:
