@@ -126,6 +126,7 @@ class Tasks(_Strict):
     encode: EncodeTask | None = None
     score: dict[str, Any] | None = None
     extract: dict[str, Any] | None = None
+    generate: dict[str, Any] | None = None  # text generation (architecture §2, §8.2)
 
 
 #: Runtime options every engine understands, with their types (reference §3.1). Other
@@ -277,6 +278,8 @@ class ModelConfig(_Strict):
             out.append("score")
         if self.tasks.extract is not None:
             out.append("json")
+        if self.tasks.generate is not None:
+            out.append("text")
         return out
 
     @property

@@ -19,6 +19,7 @@ a model unused that long is unloaded (pinned ones never).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import os
@@ -171,6 +172,13 @@ class ModelCache:
                 "evictions": stats.evictions,
                 "bytes": slot.loaded.bytes if slot is not None and slot.loaded else 0,
             }
+            engine = slot.loaded.engine if slot is not None and slot.loaded else None
+            state_fn = getattr(engine, "state", None)
+            if callable(state_fn):  # generation engines: the admission gate reads it
+                try:
+                    d["engine_state"] = dataclasses.asdict(state_fn())
+                except Exception:  # a state that cannot be read is simply not reported
+                    log.debug("engine state of %s unavailable", name, exc_info=True)
             err = stats.last_error
             if err is not None:
                 d["last_error"] = {

@@ -5,6 +5,8 @@ Routes:
     POST /v1/score/{model:path}    rerank (sie.http.inference)
     POST /v1/extract/{model:path}  entity extraction (sie.http.inference)
     POST /v1/embeddings            OpenAI-compatible (sie.http.openai)
+    POST /v1/chat/completions, /v1/completions, /v1/generate/{model}: generation
+                                   (sie.http.generation)
     GET  /v1/models                {"object": "list", "data": [OpenAI model], "models": [ModelInfo]}
     GET  /v1/models/{model:path}   ModelInfo (reference §1.9); 404 MODEL_NOT_FOUND
     GET  /healthz                  liveness, text ``ok``
@@ -32,6 +34,7 @@ from sie.core.errors import SieError
 from sie.core.registry import ModelEntry
 from sie.http.auth import AuthMiddleware, AuthPolicy, gateway_decision
 from sie.http.errors import EXCEPTION_HANDLERS, CatchAll, openai_error, sie_error_response
+from sie.http.generation import chat_completions, completions, generate
 from sie.http.inference import encode, extract, score
 from sie.http.negotiation import read_payload
 from sie.http.openai import embeddings
@@ -213,8 +216,13 @@ async def config_resolve(request: Request) -> Response:
     return JSONResponse(catalog.resolve(_gw(request).registry.snapshot, body))
 
 
+#: Routes that answer errors in the OpenAI envelope (architecture §2).
+OPENAI_PATHS = ("/v1/embeddings", "/v1/chat/completions", "/v1/completions", "/v1/generate")
+
+
 def _refuse(scope: Scope, err: SieError) -> Response:
-    if str(scope.get("path", "")).startswith("/v1/embeddings"):
+    path = str(scope.get("path", ""))
+    if path.startswith(OPENAI_PATHS):
         return openai_error(err)
     return sie_error_response(err)
 
@@ -238,6 +246,9 @@ def build_gateway_app(
             Route("/v1/score/{model:path}", score, methods=["POST"]),
             Route("/v1/extract/{model:path}", extract, methods=["POST"]),
             Route("/v1/embeddings", embeddings, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/generate/{model:path}", generate, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", get_model, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),

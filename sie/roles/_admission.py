@@ -222,6 +222,7 @@ class AdmissionGate:
         model: str,
         *,
         on_keepalive: Callable[[], Awaitable[None]] | None = None,
+        on_park: Callable[[], None] | None = None,
     ) -> Decision:
         """Wait until ``model``'s engine has room for one more request.
 
@@ -230,6 +231,7 @@ class AdmissionGate:
             on_keepalive: awaited every ``keepalive_s`` seconds while parked (a streaming
                 handler writes ``: keep-alive\\n\\n``); an exception it raises (client
                 gone) ends the wait and leaves the queue.
+            on_park: called once, before waiting, when the request is parked.
 
         Returns:
             The admitting decision (``reason``: ``ungated``, ``unknown`` or ``headroom``).
@@ -248,6 +250,8 @@ class AdmissionGate:
                 lane.admits.append(self._clock())
                 return d
             lane.last_reason = d.reason
+        if on_park is not None:  # e.g. a streaming handler starts its response now
+            on_park()
         return await self._park(model, lane, on_keepalive)
 
     async def _park(

@@ -43,8 +43,10 @@ from sie.core.subjects import (
     work_subject,
 )
 from sie.core.wire import Heartbeat, WorkItem, WorkResult, packb
+from sie.roles._admission import AdmissionGate, admission_config
 from sie.roles._config_sync import build_config_sync, run_config_sync
 from sie.roles._dlq import DeadLetters
+from sie.roles._gen_dispatch import GenerationDispatch
 from sie.roles._lanes import Lane, LaneTelemetry
 from sie.settings import ServeSettings
 from sie.telemetry import METRICS, Metrics
@@ -153,6 +155,9 @@ class GatewayRole:
             role="gateway",
         )
         self.epoch = self.sync.epoch
+        # generation: engine-state admission (admission-gate.md) and worker-direct dispatch
+        self.admission = AdmissionGate(admission_config(settings), metrics)
+        self.generation = GenerationDispatch(self)
         self.dead_letters = DeadLetters(
             bus, storage=settings.stream_storage, replicas=settings.stream_replicas
         )
@@ -169,6 +174,7 @@ class GatewayRole:
                 tg.start_soon(self._read_health, health)
                 await tg.start(run_config_sync, self.bus, self.sync, config_subject("_all"))
                 await tg.start(self.dead_letters.run)
+                await tg.start(self.admission.run)
                 task_status.started()
                 await self._read_inbox(inbox)
         finally:
@@ -206,7 +212,11 @@ class GatewayRole:
         async for msg in sub:
             # The inbox subject names the request (_INBOX.{router_id}.{request_id}): late
             # results of finished or abandoned requests are dropped before decoding.
-            if msg.subject.rsplit(".", 1)[-1] not in self._pending:
+            rid = msg.subject.rsplit(".", 1)[-1]
+            if self.generation.owns(rid):
+                self.generation.deliver(rid, msg.data)
+                continue
+            if rid not in self._pending:
                 self.late_results += 1
                 continue
             try:
@@ -230,6 +240,7 @@ class GatewayRole:
             except SieError:
                 continue
             self.workers[hb.worker_id] = WorkerView(hb, time.monotonic())
+            self.generation.observe_heartbeat(hb)
 
     def live_workers(self) -> list[Heartbeat]:
         """Workers heard from within three heartbeat intervals."""
@@ -510,6 +521,26 @@ class GatewayRole:
             request_id=request_id,
         )
 
+    def lane_of(
+        self, entry: ModelEntry, pool: str | None, machine_profile: str | None
+    ) -> tuple[str, str]:
+        """``(pool, machine_profile)`` of a request: the ``X-SIE-Pool`` /
+        ``X-SIE-Machine-Profile`` headers, else the model's pool and this gateway's
+        default profile; lowercase (architecture §8.2).
+
+        Raises:
+            InvalidInput: a header value that is not a valid pool/profile name.
+        """
+        for header, value in (("X-SIE-Pool", pool), ("X-SIE-Machine-Profile", machine_profile)):
+            if value is not None and not POOL_RE.fullmatch(value):
+                raise InvalidInput(
+                    f"{header}: {value!r} must match {POOL_RE.pattern}", field=header
+                )
+        return (
+            (pool or entry.config.effective_pool).lower(),
+            (machine_profile or self.settings.machine_profile).lower(),
+        )
+
     async def _run(
         self,
         entry: ModelEntry,
@@ -526,13 +557,7 @@ class GatewayRole:
         fields go into the ``WorkItem``) and collect every result (§2, §16.2)."""
         t0 = time.monotonic()
         model_id = entry.model_id  # canonical: "m:default" is "m"
-        for header, value in (("X-SIE-Pool", pool), ("X-SIE-Machine-Profile", machine_profile)):
-            if value is not None and not POOL_RE.fullmatch(value):
-                raise InvalidInput(
-                    f"{header}: {value!r} must match {POOL_RE.pattern}", field=header
-                )
-        pool = (pool or entry.config.effective_pool).lower()
-        profile = (machine_profile or self.settings.machine_profile).lower()
+        pool, profile = self.lane_of(entry, pool, machine_profile)
         lane = self.lanes.lane(pool, profile, bundle)
         if not self.lane_served(pool, profile, bundle):
             self.lanes.record_demand(lane, "provisioning")  # for the autoscaler (§2)

@@ -26,14 +26,23 @@ from sie.core.registry import ModelEntry, ModelRegistry
 from sie.core.subjects import (
     CANCEL_WILDCARD,
     config_subject,
+    direct_filter,
     health_subject,
     lane_filter,
     stream_name,
 )
-from sie.core.wire import Heartbeat, WorkItem, WorkResult, packb, salvage_reply
+from sie.core.wire import (
+    GenerationChunk,
+    Heartbeat,
+    WorkItem,
+    WorkResult,
+    packb,
+    salvage_reply,
+)
 from sie.engines.cache import ModelCache, device_memory_bytes
 from sie.engines.weights import weights_bytes
 from sie.roles._config_sync import build_config_sync, run_config_sync
+from sie.roles._generate import run_generation
 from sie.roles._tasks import engine_batch_fn, run_task
 from sie.settings import ServeSettings
 from sie.telemetry import METRICS, Metrics
@@ -140,9 +149,13 @@ class WorkerRole:
                 "--bundles-dir, or SIE_CONFIG_SERVICE_URL to load it from the config service)"
             )
         cancels = await self.bus.subscribe(CANCEL_WILDCARD)
+        direct = await self.bus.subscribe(
+            direct_filter(s.pool, s.machine_profile, s.bundle, self.worker_id)
+        )
         async with anyio.create_task_group() as tg:
             await tg.start(self.models.run)
             tg.start_soon(self._read_cancels, cancels)
+            tg.start_soon(self._read_direct, direct, tg)
             await tg.start(run_config_sync, self.bus, self.sync, config_subject(s.bundle))
             task_status.started()
             await self._await_bundle()
@@ -219,6 +232,54 @@ class WorkerRole:
                 self._cancelled.popitem(last=False)
             for scope in self._active.get(request_id, ()):
                 scope.cancel()
+
+    async def _read_direct(self, sub: Any, tg: anyio.abc.TaskGroup) -> None:
+        """Worker-direct work (generation, architecture §8.2): one task per request."""
+        async for msg in sub:
+            try:
+                item = WorkItem.from_bytes(msg.data)
+            except SieError as exc:
+                log.error("undecodable direct work item on %s: %s", msg.subject, exc.message)
+                continue
+            tg.start_soon(self._generate, item)
+
+    async def _generate(self, item: WorkItem) -> None:
+        """Run one generation, streaming its chunks to ``item.reply_subject``; a
+        ``work_cancel`` for its request aborts it in the engine."""
+
+        async def publish(chunk: GenerationChunk) -> None:
+            await self.bus.publish(item.reply_subject, chunk.to_bytes())
+
+        scope = anyio.CancelScope()
+        self._active.setdefault(item.request_id, set()).add(scope)
+        try:
+            with scope:
+                entry = self._entry(item)
+                async with self.models.use(entry) as loaded:
+                    await run_generation(loaded.engine, item, publish, self.worker_id)
+        except SieError as exc:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await publish(
+                        GenerationChunk(
+                            request_id=item.request_id,
+                            seq=0,
+                            done=True,
+                            error=exc.message,
+                            error_code=exc.code,
+                            worker_id=self.worker_id,
+                        )
+                    )
+                except BusError:
+                    pass
+        except BusError as exc:
+            log.warning("generation %s: cannot publish (%s); aborted", item.request_id, exc)
+        finally:
+            scopes = self._active.get(item.request_id)
+            if scopes is not None:
+                scopes.discard(scope)
+                if not scopes:
+                    del self._active[item.request_id]
 
     async def _pull_loop(self, consumer: Any, tg: anyio.abc.TaskGroup) -> None:
         while True:

@@ -137,7 +137,12 @@ def test_options_and_query_flag_accepted(client: httpx.Client) -> None:
 def test_models_endpoints(client: httpx.Client) -> None:
     listing = client.get("/v1/models").json()
     assert [m["id"] for m in listing["data"]] == sorted(
-        [MINILM, "nationaldesignstudio/rampart", "rasyosef/splade-tiny"]
+        [
+            MINILM,
+            "HuggingFaceTB/SmolLM2-135M-Instruct",
+            "nationaldesignstudio/rampart",
+            "rasyosef/splade-tiny",
+        ]
     )
     info = client.get(f"/v1/models/{MINILM}").json()
     assert info["name"] == MINILM and info["dims"] == {"dense": 384, "multivector": 384}

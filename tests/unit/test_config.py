@@ -123,6 +123,7 @@ def test_shipped_configs_load() -> None:
     models = load_models(str(CONFIGS))
     bundles = load_bundles(str(BUNDLES))
     assert sorted(m.sie_id for m in models) == [
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
         "nationaldesignstudio/rampart",
         "rasyosef/splade-tiny",
         "sentence-transformers/all-MiniLM-L6-v2",

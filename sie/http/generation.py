@@ -1,0 +1,325 @@
+"""OpenAI-compatible generation routes (architecture §2; admission-gate.md).
+
+    POST /v1/chat/completions   {model, messages, ...}  -> chat.completion(.chunk)
+    POST /v1/completions        {model, prompt, ...}    -> text_completion
+    POST /v1/generate/{model}   {prompt | messages, ...} -> SIE-native {model, text, ...}
+
+The gateway reads only the top-level ``model`` and ``stream`` with a streaming JSON
+scan (ijson: no ``messages`` tree is built) after capping the body at
+``max_body_bytes`` (413 before any parsing); the worker parses the rest. Errors use
+the OpenAI envelope ``{"error": {message, type, param, code}}``.
+
+``stream: true`` answers ``text/event-stream``: ``data: {json}`` per delta (the first
+carries the role), a last chunk with ``finish_reason``, a usage chunk when
+``stream_options.include_usage``, then ``data: [DONE]``. A failure after the stream
+started is an ``error`` event before the stream closes, never a silent stop. A request
+the admission gate parks gets 200 and its event stream at once, with a ``: keep-alive``
+comment every ``keepalive_s`` while it waits. A client that disconnects, from either
+kind of request, aborts the generation in the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import ijson
+from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
+
+from sie.core.errors import GatewayTimeout, InvalidInput, SieError
+from sie.http.errors import openai_error
+from sie.http.negotiation import read_body
+from sie.roles._gen_dispatch import chunk_error
+from sie.roles.gateway import GatewayRole
+
+__all__ = ["chat_completions", "completions", "generate", "scan_routing_fields"]
+
+
+def scan_routing_fields(body: bytes) -> tuple[str | None, bool, bool]:
+    """``(model, stream, include_usage)`` from the top level of a JSON body, by a
+    streaming token walk (nested values are skipped, never built).
+
+    Raises:
+        InvalidInput: malformed JSON (field ``body``), or ``model`` / ``stream`` of the
+            wrong type.
+    """
+    model: str | None = None
+    stream = include_usage = False
+    try:
+        for prefix, event, value in ijson.parse(body):
+            if prefix == "model":
+                if event != "string":
+                    raise InvalidInput("model: expected a string", field="model")
+                model = value
+            elif prefix == "stream":
+                if event != "boolean":
+                    raise InvalidInput("stream: expected true or false", field="stream")
+                stream = value
+            elif prefix == "stream_options.include_usage" and event == "boolean":
+                include_usage = value
+            elif prefix == "" and event not in ("start_map", "map_key", "end_map"):
+                raise InvalidInput("body: expected a JSON object", field="body")
+    except ijson.JSONError as exc:
+        raise InvalidInput(f"malformed JSON body: {exc}", field="body") from exc
+    return model, stream, include_usage
+
+
+def _sse(data: Any) -> bytes:
+    return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
+
+
+class _Format:
+    """Response shapes of one route."""
+
+    def __init__(self, route: str, model: str, request_id: str) -> None:
+        self.route = route
+        self.model = model
+        self.id = ("chatcmpl-" if route == "chat" else "cmpl-") + request_id.replace("-", "")
+        self.created = int(time.time())
+
+    def _base(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    @staticmethod
+    def usage(prompt: int, completion: int) -> dict[str, int]:
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+    def whole(self, text: str, finish: str | None, prompt: int, completion: int) -> Any:
+        usage = self.usage(prompt, completion)
+        if self.route == "chat":
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": finish,
+                "logprobs": None,
+            }
+            return {**self._base("chat.completion"), "choices": [choice], "usage": usage}
+        if self.route == "completions":
+            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+            return {**self._base("text_completion"), "choices": [choice], "usage": usage}
+        return {"model": self.model, "text": text, "finish_reason": finish, "usage": usage}
+
+    def delta(self, text: str | None, finish: str | None, *, first: bool = False) -> Any:
+        if self.route == "chat":
+            d: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+            if text:
+                d["content"] = text
+            choice = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
+            return {**self._base("chat.completion.chunk"), "choices": [choice]}
+        if self.route == "completions":
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            return {**self._base("text_completion"), "choices": [choice]}
+        return {"model": self.model, "text": text or "", "finish_reason": finish}
+
+    def usage_chunk(self, prompt: int, completion: int) -> Any:
+        obj = "chat.completion.chunk" if self.route == "chat" else "text_completion"
+        if self.route == "native":
+            return {"model": self.model, "usage": self.usage(prompt, completion)}
+        return {**self._base(obj), "choices": [], "usage": self.usage(prompt, completion)}
+
+
+class GenerationResponse:
+    """An ASGI response that runs the generation, answers JSON or an event stream,
+    and aborts the generation when the client disconnects."""
+
+    def __init__(
+        self,
+        gateway: GatewayRole,
+        route: str,
+        model: str,
+        body: bytes,
+        *,
+        stream: bool,
+        include_usage: bool,
+        request_id: str,
+        pool: str | None,
+        machine_profile: str | None,
+    ) -> None:
+        self.gateway = gateway
+        self.route = route
+        self.model = model
+        self.body = body
+        self.stream = stream
+        self.include_usage = include_usage
+        self.request_id = request_id
+        self.pool = pool
+        self.machine_profile = machine_profile
+        self.fmt = _Format(route, model, request_id)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+        headers_sent = False
+
+        async def start(status: int, content_type: bytes, extra: list[Any] | None = None) -> None:
+            nonlocal headers_sent
+            headers = [(b"content-type", content_type), *(extra or [])]
+            if content_type.startswith(b"text/event-stream"):
+                headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            headers_sent = True
+
+        async def write(data: bytes) -> None:
+            nonlocal started
+            if not headers_sent:
+                await start(200, b"text/event-stream; charset=utf-8")
+            started = True
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+        async def keepalive() -> None:
+            await write(b": keep-alive\n\n")
+
+        def parked() -> None:
+            tg.start_soon(_ensure_stream_started)
+
+        async def _ensure_stream_started() -> None:
+            if self.stream and not headers_sent:
+                await start(200, b"text/event-stream; charset=utf-8")
+
+        async def watch_disconnect() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    tg.cancel_scope.cancel()  # leaving open() publishes work_cancel
+                    return
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch_disconnect)
+            try:
+                body = await self._run(write, keepalive if self.stream else None, parked)
+                if body is not None:
+                    await start(
+                        200, b"application/json", [(b"content-length", str(len(body)).encode())]
+                    )
+                    await send({"type": "http.response.body", "body": body, "more_body": False})
+                    tg.cancel_scope.cancel()
+                    return
+            except SieError as exc:
+                if headers_sent:  # a stream never just stops: an error event, then close
+                    err = {"error": _openai_error_body(exc)}
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "body": f"event: error\n{_sse(err).decode()}".encode(),
+                            "more_body": True,
+                        }
+                    )
+                else:
+                    resp = openai_error(exc)
+                    await resp(scope, receive, send)
+                    tg.cancel_scope.cancel()
+                    return
+            if headers_sent:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            tg.cancel_scope.cancel()
+
+    async def _run(
+        self,
+        write: Callable[[bytes], Any],
+        keepalive: Callable[[], Any] | None,
+        on_park: Callable[[], None],
+    ) -> bytes | None:
+        """Run the generation: stream events through ``write``, or return the JSON body.
+
+        Raises:
+            SieError: the request's failure (before or after the stream started).
+        """
+        gw = self.gateway
+        async with gw.generation.open(
+            self.model,
+            self.route,
+            self.body,
+            pool=self.pool,
+            machine_profile=self.machine_profile,
+            request_id=self.request_id,
+            on_keepalive=keepalive,
+            on_park=on_park,
+        ) as gen:
+            parts: list[str] = []
+            finish: str | None = None
+            prompt = completion = 0
+            if self.stream:
+                await write(_sse(self.fmt.delta(None, None, first=True)))
+            try:
+                with anyio.fail_after(None if self.stream else gw.settings.request_timeout_s):
+                    async for chunk in gen.chunks:
+                        if chunk.error_code is not None:
+                            raise chunk_error(chunk)
+                        if chunk.text:
+                            if self.stream:
+                                await write(_sse(self.fmt.delta(chunk.text, None)))
+                            else:
+                                parts.append(chunk.text)
+                        if chunk.done:
+                            finish = chunk.finish_reason
+                            prompt = chunk.prompt_tokens or 0
+                            completion = chunk.completion_tokens or 0
+            except TimeoutError:
+                raise GatewayTimeout(
+                    f"generation did not finish within {gw.settings.request_timeout_s:g}s; "
+                    "use stream: true for long outputs",
+                    request_id=self.request_id,
+                ) from None
+        if not self.stream:
+            whole = self.fmt.whole("".join(parts), finish, prompt, completion)
+            return json.dumps(whole, ensure_ascii=False).encode()
+        await write(_sse(self.fmt.delta(None, finish)))
+        if self.include_usage:
+            await write(_sse(self.fmt.usage_chunk(prompt, completion)))
+        await write(b"data: [DONE]\n\n")
+        return None
+
+
+def _openai_error_body(exc: SieError) -> dict[str, Any]:
+    return {
+        "message": exc.message,
+        "type": "invalid_request_error" if exc.status < 500 else "server_error",
+        "param": exc.fields.get("field"),
+        "code": exc.code.lower(),
+    }
+
+
+async def _handle(request: Request, route: str, path_model: str | None = None) -> Any:
+    gateway: GatewayRole = request.app.state.gateway
+    try:
+        body = await read_body(request, gateway.settings.max_body_bytes)  # 413 first
+        model, stream, include_usage = scan_routing_fields(body)
+        if path_model is not None:
+            model = path_model
+        if not model:
+            raise InvalidInput("model: required", field="model")
+    except SieError as exc:  # the OpenAI envelope on these routes (architecture §2)
+        return openai_error(exc)
+    return GenerationResponse(
+        gateway,
+        route,
+        model,
+        body,
+        stream=stream,
+        include_usage=include_usage,
+        request_id=request.state.request_id,
+        pool=request.headers.get("x-sie-pool"),
+        machine_profile=request.headers.get("x-sie-machine-profile"),
+    )
+
+
+async def chat_completions(request: Request) -> Any:
+    """``POST /v1/chat/completions`` (OpenAI)."""
+    return await _handle(request, "chat")
+
+
+async def completions(request: Request) -> Any:
+    """``POST /v1/completions`` (OpenAI)."""
+    return await _handle(request, "completions")
+
+
+async def generate(request: Request) -> Any:
+    """``POST /v1/generate/{model}`` (SIE-native; OpenAI error envelope)."""
+    return await _handle(request, "native", request.path_params["model"])

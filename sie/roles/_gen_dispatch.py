@@ -1,0 +1,289 @@
+"""Gateway side of generation: pick a worker, admit, dispatch worker-direct, stream
+the chunks back in order (architecture §2, §8.2, §15.1; admission-gate.md).
+
+``GenerationDispatch.open`` is an async context manager: it chooses a live worker of
+the model's lane (one that has the model loaded first, then the least loaded by its
+engine's own running + waiting), waits for the admission gate, publishes the
+``WorkItem`` (operation ``generate``, the raw body in ``item``) on
+``sie.work.{pool}.{profile}.{bundle}.{model}.{worker_id}``, and waits for the
+worker's first chunk (``seq`` 0: accepted, or the request's error, raised here as the
+``SieError`` it names). It yields an async iterator of the following chunks in
+``seq`` order; a gap raises ``QueueUnavailable`` instead of emitting text out of
+order. Leaving the block before the last chunk (client gone, timeout) publishes
+``work_cancel``, which aborts the request in the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from sie.core.admission import EngineState
+from sie.core.errors import (
+    GatewayTimeout,
+    Provisioning,
+    QueueUnavailable,
+    SieError,
+    error_for_code,
+)
+from sie.core.registry import ModelEntry, ModelRegistry
+from sie.core.subjects import cancel_subject, direct_subject, inbox_subject
+from sie.core.wire import GenerationChunk, Heartbeat, WorkItem
+from sie.roles._admission import AdmissionGate
+from sie.roles._lanes import LaneTelemetry
+from sie.transport.base import Bus
+
+
+class _Gateway(Protocol):
+    """What dispatch needs of the gateway role (kept apart: roles import no role)."""
+
+    registry: ModelRegistry
+    lanes: LaneTelemetry
+    admission: AdmissionGate
+    bus: Bus
+    router_id: str
+
+    def live_workers(self) -> list[Heartbeat]: ...
+
+    def lane_of(
+        self, entry: ModelEntry, pool: str | None, machine_profile: str | None
+    ) -> tuple[str, str]: ...
+
+
+__all__ = ["GenerationDispatch", "GenerationStream", "chunk_error"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds a worker has to accept (or refuse) a dispatched generation.
+ACCEPT_TIMEOUT_S = 10.0
+#: Chunks buffered per stream before the inbox reader waits for the consumer.
+STREAM_BUFFER = 1024
+
+
+@dataclass(slots=True)
+class GenerationStream:
+    """One open generation: the worker that runs it and its chunks after ``seq`` 0."""
+
+    request_id: str
+    worker_id: str
+    chunks: AsyncIterator[GenerationChunk]
+
+
+class GenerationDispatch:
+    """Owned by the gateway role; ``deliver`` is fed by its inbox reader."""
+
+    def __init__(self, gateway: _Gateway) -> None:
+        self.gateway = gateway
+        self._streams: dict[str, MemoryObjectSendStream[GenerationChunk]] = {}
+
+    # -- inbox side ---------------------------------------------------------------------
+
+    def owns(self, request_id: str) -> bool:
+        return request_id in self._streams
+
+    def deliver(self, request_id: str, data: bytes) -> None:
+        """Route one inbox message of an open generation (drop it if undecodable)."""
+        send = self._streams.get(request_id)
+        if send is None:
+            return
+        try:
+            chunk = GenerationChunk.from_bytes(data)
+        except SieError as exc:
+            log.warning("dropping undecodable generation chunk for %s: %s", request_id, exc)
+            return
+        try:
+            send.send_nowait(chunk)
+        except anyio.WouldBlock:  # the client reads too slowly: fail rather than grow
+            log.warning("generation %s: client too slow, stream buffer full", request_id)
+            send.close()
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+
+    # -- engine state (heartbeats) ------------------------------------------------------
+
+    def observe_heartbeat(self, hb: Heartbeat) -> None:
+        """Feed the admission gate the engine state of every generation model, summed
+        over the live workers that report it."""
+        for m in hb.models:
+            if isinstance(m.get("engine_state"), dict):
+                state = self.model_state(str(m.get("name")))
+                if state is not None:
+                    self.gateway.admission.update(str(m.get("name")), state)
+
+    def model_state(self, model: str) -> EngineState | None:
+        """The model's engine state over all live workers (sums; KV usage: the max)."""
+        states = [s for _, s in self._reports(model)]
+        if not states:
+            return None
+        try:
+            return EngineState(
+                running=sum(int(s.get("running", 0)) for s in states),
+                waiting=sum(int(s.get("waiting", 0)) for s in states),
+                kv_usage=max(float(s.get("kv_usage") or 0.0) for s in states),
+                kv_capacity_tokens=sum(int(s.get("kv_capacity_tokens") or 0) for s in states)
+                or None,
+                max_num_seqs=sum(int(s.get("max_num_seqs") or 0) for s in states) or None,
+            )
+        except (TypeError, ValueError):
+            return None
+
+    def _reports(self, model: str) -> list[tuple[Heartbeat, dict[str, Any]]]:
+        out = []
+        for hb in self.gateway.live_workers():
+            for m in hb.models:
+                if m.get("name") == model and isinstance(m.get("engine_state"), dict):
+                    out.append((hb, m["engine_state"]))
+        return out
+
+    # -- dispatch -----------------------------------------------------------------------
+
+    def choose_worker(self, model: str, pool: str, profile: str, bundle: str) -> str:
+        """A live, ready worker of the lane: one with ``model`` loaded first, then the
+        least loaded (its engine's running + waiting).
+
+        Raises:
+            Provisioning: no live worker serves the lane (503, Retry-After 60).
+        """
+        candidates: list[tuple[int, int, str]] = []
+        for hb in self.gateway.live_workers():
+            if not hb.ready or (hb.pool.lower(), hb.machine_profile.lower(), hb.bundle) != (
+                pool,
+                profile,
+                bundle,
+            ):
+                continue
+            loaded, load = 1, 0
+            for m in hb.models:
+                if m.get("name") == model:
+                    loaded = 0 if m.get("state") == "loaded" else 1
+                    st = m.get("engine_state") or {}
+                    load = int(st.get("running", 0)) + int(st.get("waiting", 0))
+            candidates.append((loaded, load, hb.worker_id))
+        if not candidates:
+            raise Provisioning(
+                f"no worker serves pool {pool!r}, machine profile {profile!r}, bundle "
+                f"{bundle!r} for generation; retry later",
+                pool=pool,
+                machine_profile=profile,
+                bundle=bundle,
+            )
+        return min(candidates)[2]
+
+    @asynccontextmanager
+    async def open(
+        self,
+        model_id: str,
+        route: str,
+        body: bytes,
+        *,
+        pool: str | None = None,
+        machine_profile: str | None = None,
+        request_id: str,
+        on_keepalive: Any = None,
+        on_park: Any = None,
+    ) -> AsyncIterator[GenerationStream]:
+        """See the module docstring.
+
+        Raises:
+            ModelNotFound (404), Provisioning (503), AdmissionRejected (503,
+            Retry-After 5), the worker's refusal (e.g. 400 naming the field),
+            GatewayTimeout (504) when no worker accepts in time.
+        """
+        gw = self.gateway
+        entry, bundle = gw.registry.resolve(model_id)
+        pool_, profile = gw.lane_of(entry, pool, machine_profile)
+        lane = gw.lanes.lane(pool_, profile, bundle)
+        try:
+            worker_id = self.choose_worker(entry.model_id, pool_, profile, bundle)
+        except Provisioning:
+            gw.lanes.record_demand(lane, "provisioning")
+            raise
+        await gw.admission.admit(entry.model_id, on_keepalive=on_keepalive, on_park=on_park)
+        send, receive = anyio.create_memory_object_stream[GenerationChunk](STREAM_BUFFER)
+        self._streams[request_id] = send
+        item = WorkItem(
+            work_item_id=f"{request_id}.0",
+            request_id=request_id,
+            item_index=0,
+            total_items=1,
+            operation="generate",
+            model_id=entry.model_id,
+            profile_id=entry.profile.name,
+            pool_name=pool_,
+            admission_pool=pool_,
+            machine_profile=profile,
+            router_id=gw.router_id,
+            reply_subject=inbox_subject(gw.router_id, request_id),
+            timestamp=time.time(),
+            item={"route": route, "body": body},
+        )
+        finished = False
+        gw.lanes.add_in_flight(lane, 1)
+        try:
+            subject = direct_subject(pool_, profile, bundle, entry.model_id, worker_id)
+            await gw.bus.publish(subject, item.to_bytes())
+            gw.lanes.clear_demand(lane)
+            with anyio.move_on_after(ACCEPT_TIMEOUT_S) as scope:
+                first = await receive.receive()
+            if scope.cancelled_caught:
+                raise GatewayTimeout(
+                    f"worker {worker_id!r} did not accept the generation within "
+                    f"{ACCEPT_TIMEOUT_S:g}s",
+                    request_id=request_id,
+                )
+            if first.error_code is not None:
+                finished = True
+                raise chunk_error(first)
+            if first.seq != 0:
+                raise QueueUnavailable(f"generation stream out of order: got seq {first.seq}")
+
+            async def rest() -> AsyncIterator[GenerationChunk]:
+                nonlocal finished
+                expected = 1
+                async for chunk in _iterate(receive):
+                    if chunk.seq != expected:
+                        raise QueueUnavailable(
+                            f"generation stream lost chunks: expected {expected}, got {chunk.seq}"
+                        )
+                    expected += 1
+                    if chunk.done:
+                        finished = True
+                    yield chunk
+                    if chunk.done:
+                        return
+                raise QueueUnavailable("generation stream ended without its last chunk")
+
+            yield GenerationStream(request_id, worker_id, rest())
+        finally:
+            self._streams.pop(request_id, None)
+            send.close()
+            gw.lanes.add_in_flight(lane, -1)
+            if not finished:
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await gw.bus.publish(cancel_subject(gw.router_id, request_id), b"")
+                    except SieError as exc:
+                        log.warning("cannot cancel generation %s: %s", request_id, exc)
+
+
+async def _iterate(
+    receive: MemoryObjectReceiveStream[GenerationChunk],
+) -> AsyncIterator[GenerationChunk]:
+    try:
+        async for chunk in receive:
+            yield chunk
+    except anyio.EndOfStream:
+        return
+
+
+def chunk_error(chunk: GenerationChunk) -> SieError:
+    """The ``SieError`` a worker's error chunk names."""
+    fields = {"field": chunk.error_field} if chunk.error_field else {}
+    return error_for_code(chunk.error_code, chunk.error or "generation failed", **fields)
