@@ -43,6 +43,8 @@ class ServeSettings(BaseModel):
     # gateway
     request_timeout_s: float = Field(default=30.0, gt=0)
     max_body_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
+    # generation bodies (admission-gate.md "Request parsing"): a 128k-token prompt fits
+    max_generate_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     max_items_per_request: int = Field(default=4096, gt=0)
     max_text_chars: int = Field(default=1_000_000, gt=0)
     drain_timeout_s: float = Field(default=25.0, ge=0)
@@ -172,6 +174,7 @@ ENV_VARS: dict[str, str] = {
     "SIE_DEVICE": "device",
     "SIE_GATEWAY_REQUEST_TIMEOUT": "request_timeout_s",
     "SIE_MAX_BODY_BYTES": "max_body_bytes",
+    "SIE_MAX_GENERATE_BODY_BYTES": "max_generate_body_bytes",
     "SIE_MAX_ITEMS_PER_REQUEST": "max_items_per_request",
     "SIE_MAX_TEXT_CHARS": "max_text_chars",
     "SIE_DRAIN_TIMEOUT_S": "drain_timeout_s",

@@ -6,7 +6,7 @@
 
 The gateway reads only the top-level ``model`` and ``stream`` with a streaming JSON
 scan (ijson: no ``messages`` tree is built) after capping the body at
-``max_body_bytes`` (413 before any parsing); the worker parses the rest. Errors use
+``max_generate_body_bytes`` (413 before any parsing); the worker parses the rest. Errors use
 the OpenAI envelope ``{"error": {message, type, param, code}}``.
 
 ``stream: true`` answers ``text/event-stream``: ``data: {json}`` per delta (the first
@@ -289,7 +289,7 @@ def _openai_error_body(exc: SieError) -> dict[str, Any]:
 async def _handle(request: Request, route: str, path_model: str | None = None) -> Any:
     gateway: GatewayRole = request.app.state.gateway
     try:
-        body = await read_body(request, gateway.settings.max_body_bytes)  # 413 first
+        body = await read_body(request, gateway.settings.max_generate_body_bytes)  # 413 first
         model, stream, include_usage = scan_routing_fields(body)
         if path_model is not None:
             model = path_model

@@ -28,7 +28,7 @@ def gstack() -> Iterator[Stack]:
     old = os.environ.get("SIE_MODEL_CACHE_DIR")
     os.environ["SIE_MODEL_CACHE_DIR"] = str(MODEL_CACHE / "sie-models")
     try:
-        with run_stack(preload=(LLM,), max_body_bytes=64 * 1024) as s:
+        with run_stack(preload=(LLM,), max_generate_body_bytes=64 * 1024) as s:
             yield s
     finally:
         if old is None:
