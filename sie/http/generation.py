@@ -153,6 +153,7 @@ class GenerationResponse:
         self.pool = pool
         self.machine_profile = machine_profile
         self.fmt = _Format(route, model, request_id)
+        self.worker_id: str | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
@@ -169,7 +170,7 @@ class GenerationResponse:
         async def write(data: bytes) -> None:
             nonlocal started
             if not headers_sent:
-                await start(200, b"text/event-stream; charset=utf-8")
+                await start(200, b"text/event-stream; charset=utf-8", self._worker_header())
             started = True
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
@@ -220,6 +221,9 @@ class GenerationResponse:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             tg.cancel_scope.cancel()
 
+    def _worker_header(self) -> list[tuple[bytes, bytes]]:
+        return [(b"x-sie-worker", self.worker_id.encode())] if self.worker_id else []
+
     async def _run(
         self,
         write: Callable[[bytes], Any],
@@ -242,6 +246,7 @@ class GenerationResponse:
             on_keepalive=keepalive,
             on_park=on_park,
         ) as gen:
+            self.worker_id = gen.worker_id
             parts: list[str] = []
             finish: str | None = None
             prompt = completion = 0

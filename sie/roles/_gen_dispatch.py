@@ -82,6 +82,9 @@ class GenerationDispatch:
     def __init__(self, gateway: _Gateway) -> None:
         self.gateway = gateway
         self._streams: dict[str, MemoryObjectSendStream[GenerationChunk]] = {}
+        #: generations this gateway has open per worker: added to the worker's reported
+        #: load, so requests between two heartbeats spread instead of piling onto one
+        self.open_by_worker: dict[str, int] = {}
 
     # -- inbox side ---------------------------------------------------------------------
 
@@ -146,7 +149,8 @@ class GenerationDispatch:
 
     def choose_worker(self, model: str, pool: str, profile: str, bundle: str) -> str:
         """A live, ready worker of the lane: one with ``model`` loaded first, then the
-        least loaded (its engine's running + waiting).
+        least loaded (its engine's running + waiting, plus what this gateway has sent it
+        since).
 
         Raises:
             Provisioning: no live worker serves the lane (503, Retry-After 60).
@@ -165,6 +169,7 @@ class GenerationDispatch:
                     loaded = 0 if m.get("state") == "loaded" else 1
                     st = m.get("engine_state") or {}
                     load = int(st.get("running", 0)) + int(st.get("waiting", 0))
+            load += self.open_by_worker.get(hb.worker_id, 0)
             candidates.append((loaded, load, hb.worker_id))
         if not candidates:
             raise Provisioning(
@@ -226,6 +231,7 @@ class GenerationDispatch:
         )
         finished = False
         gw.lanes.add_in_flight(lane, 1)
+        self.open_by_worker[worker_id] = self.open_by_worker.get(worker_id, 0) + 1
         try:
             subject = direct_subject(pool_, profile, bundle, entry.model_id, worker_id)
             await gw.bus.publish(subject, item.to_bytes())
@@ -265,6 +271,11 @@ class GenerationDispatch:
             self._streams.pop(request_id, None)
             send.close()
             gw.lanes.add_in_flight(lane, -1)
+            left = self.open_by_worker.get(worker_id, 1) - 1
+            if left:
+                self.open_by_worker[worker_id] = left
+            else:
+                self.open_by_worker.pop(worker_id, None)
             if not finished:
                 with anyio.CancelScope(shield=True):
                     try:
