@@ -47,10 +47,11 @@ lint: $(STAMP) ## ruff
 type: $(STAMP) ## mypy (strict on sie/core)
 	$(BIN)/mypy sie
 
-bench: $(STAMP) ## served vs raw: encode, score (pairs/s), extract (texts/s); NATS vs memory bus overhead
+bench: $(STAMP) ## served vs raw: encode, score, extract, generation (TTFT, tokens/s); NATS vs memory bus
 	$(BIN)/python bench/bench_encode.py
 	$(BIN)/python bench/bench_bus.py
 	$(BIN)/python bench/bench_functions.py
+	$(BIN)/python bench/bench_generate.py
 
 clean: ## remove the venv
 	rm -rf $(VENV)
