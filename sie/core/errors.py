@@ -74,6 +74,8 @@ __all__ = [
     "StoreUnavailable",
     "Unauthorized",
     "UnroutableModel",
+    "UpstreamError",
+    "UpstreamUnavailable",
     "ValidationFailed",
     "WireError",
     "error_for_code",
@@ -269,6 +271,22 @@ class AdmissionRejected(SieError):
     retry_after_s = 5
 
 
+class UpstreamError(InferenceError):
+    """An upstream OpenAI-compatible server failed: an error status, a broken or
+    truncated stream (502)."""
+
+    code = "UPSTREAM_ERROR"
+    status = 502
+
+
+class UpstreamUnavailable(UpstreamError):
+    """The upstream server is unreachable or overloaded (429/503); retry later."""
+
+    code = "UPSTREAM_UNAVAILABLE"
+    status = 503
+    retry_after_s = 5
+
+
 _BY_CODE: dict[str, type[SieError]] = {
     cls.code: cls
     for cls in (
@@ -303,6 +321,8 @@ _BY_CODE: dict[str, type[SieError]] = {
         Provisioning,
         ShuttingDown,
         AdmissionRejected,
+        UpstreamError,
+        UpstreamUnavailable,
     )
 }
 

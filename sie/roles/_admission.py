@@ -41,7 +41,6 @@ import anyio
 import anyio.abc
 import httpx
 
-from sie.control.engine_observer import EngineObserver
 from sie.core.admission import (
     REASON_INFLIGHT,
     REASON_UNGATED,
@@ -51,6 +50,7 @@ from sie.core.admission import (
     decide,
 )
 from sie.core.errors import AdmissionRejected
+from sie.engines.engine_observer import EngineObserver
 from sie.settings import ServeSettings
 from sie.telemetry import Metrics
 

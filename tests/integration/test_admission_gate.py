@@ -27,7 +27,6 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from sie.control.engine_observer import EngineObserver
 from sie.core.admission import (
     REASON_HEADROOM,
     REASON_UNGATED,
@@ -37,6 +36,7 @@ from sie.core.admission import (
     EngineState,
 )
 from sie.core.errors import AdmissionRejected
+from sie.engines.engine_observer import EngineObserver
 from sie.http.errors import error_headers
 from sie.roles._admission import AdmissionGate
 from sie.telemetry import Metrics
@@ -420,7 +420,7 @@ async def test_failed_self_check_sets_degraded_and_logs_error_until_a_read_succe
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     metrics = Metrics()
-    caplog.set_level(logging.INFO, logger="sie.control.engine_observer")
+    caplog.set_level(logging.INFO, logger="sie.engines.engine_observer")
     async with fake_engine() as engine:
         engine.status = 500
         async with running_gate(BASE, engine.url, metrics=metrics, read=False) as gate:
@@ -441,7 +441,7 @@ async def test_failed_self_check_sets_degraded_and_logs_error_until_a_read_succe
 async def test_self_check_on_an_unreachable_engine(caplog: pytest.LogCaptureFixture) -> None:
     metrics = Metrics()
     obs = EngineObserver(dead_url(), model=MODEL, cfg=BASE, metrics=metrics)
-    with caplog.at_level(logging.ERROR, logger="sie.control.engine_observer"):
+    with caplog.at_level(logging.ERROR, logger="sie.engines.engine_observer"):
         assert await obs.self_check() is False
     assert obs.degraded and sample(metrics, "sie_observer_degraded", model=MODEL) == 1
     assert any(r.levelno == logging.ERROR for r in caplog.records)

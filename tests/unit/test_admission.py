@@ -7,7 +7,6 @@ import math
 
 import pytest
 
-from sie.control.engine_observer import EngineMetricsError, parse_engine_metrics
 from sie.core.admission import (
     REASON_HEADROOM,
     REASON_INFLIGHT,
@@ -20,6 +19,7 @@ from sie.core.admission import (
     effective_max_inflight,
 )
 from sie.core.errors import AdmissionRejected, error_for_code
+from sie.engines.engine_observer import EngineMetricsError, parse_engine_metrics
 from sie.roles._admission import admission_config
 from sie.settings import ENV_VARS, ServeSettings
 

@@ -1,0 +1,1 @@
+"""Test doubles for engines that cannot run on the CPU test machines (vLLM)."""
