@@ -245,6 +245,7 @@ class WorkItem(_Message):
     output_schema: dict[str, Any] | None = None
     accepts_result_chunks: bool | None = None
     traceparent: str | None = None
+    tracestate: str | None = None
 
 
 @dataclass(slots=True)

@@ -154,6 +154,7 @@ class GenerationResponse:
         self.machine_profile = machine_profile
         self.fmt = _Format(route, model, request_id)
         self.worker_id: str | None = None
+        self.trace_headers: dict[str, str] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
@@ -245,6 +246,7 @@ class GenerationResponse:
             request_id=self.request_id,
             on_keepalive=keepalive,
             on_park=on_park,
+            trace_headers=self.trace_headers,
         ) as gen:
             self.worker_id = gen.worker_id
             parts: list[str] = []
@@ -302,7 +304,7 @@ async def _handle(request: Request, route: str, path_model: str | None = None) -
             raise InvalidInput("model: required", field="model")
     except SieError as exc:  # the OpenAI envelope on these routes (architecture §2)
         return openai_error(exc)
-    return GenerationResponse(
+    response = GenerationResponse(
         gateway,
         route,
         model,
@@ -313,6 +315,10 @@ async def _handle(request: Request, route: str, path_model: str | None = None) -
         pool=request.headers.get("x-sie-pool"),
         machine_profile=request.headers.get("x-sie-machine-profile"),
     )
+    response.trace_headers = {
+        k: v for k in ("traceparent", "tracestate") if (v := request.headers.get(k))
+    }
+    return response
 
 
 async def chat_completions(request: Request) -> Any:

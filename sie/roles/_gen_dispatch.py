@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from opentelemetry import propagate
 
 from sie.core.admission import EngineState
 from sie.core.errors import (
@@ -38,6 +39,7 @@ from sie.core.subjects import cancel_subject, direct_subject, inbox_subject
 from sie.core.wire import GenerationChunk, Heartbeat, WorkItem
 from sie.roles._admission import AdmissionGate
 from sie.roles._lanes import LaneTelemetry
+from sie.telemetry import tracer
 from sie.transport.base import Bus
 
 
@@ -193,6 +195,7 @@ class GenerationDispatch:
         request_id: str,
         on_keepalive: Any = None,
         on_park: Any = None,
+        trace_headers: dict[str, str] | None = None,
     ) -> AsyncIterator[GenerationStream]:
         """See the module docstring.
 
@@ -201,6 +204,43 @@ class GenerationDispatch:
             Retry-After 5), the worker's refusal (e.g. 400 naming the field),
             GatewayTimeout (504) when no worker accepts in time.
         """
+        # §15.1: the caller's traceparent (if any) parents gateway.proxy_chat /
+        # gateway.proxy_generate, whose context travels on the work item to the worker
+        span_name = "gateway.proxy_generate" if route == "native" else "gateway.proxy_chat"
+        with tracer.start_as_current_span(
+            span_name,
+            context=propagate.extract(trace_headers or {}),
+            attributes={"sie.model": model_id, "sie.endpoint": route},
+        ):
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier)
+            async with self._open(
+                model_id,
+                route,
+                body,
+                pool=pool,
+                machine_profile=machine_profile,
+                request_id=request_id,
+                on_keepalive=on_keepalive,
+                on_park=on_park,
+                carrier=carrier,
+            ) as stream:
+                yield stream
+
+    @asynccontextmanager
+    async def _open(
+        self,
+        model_id: str,
+        route: str,
+        body: bytes,
+        *,
+        pool: str | None,
+        machine_profile: str | None,
+        request_id: str,
+        on_keepalive: Any,
+        on_park: Any,
+        carrier: dict[str, str],
+    ) -> AsyncIterator[GenerationStream]:
         gw = self.gateway
         entry, bundle = gw.registry.resolve(model_id)
         pool_, profile = gw.lane_of(entry, pool, machine_profile)
@@ -228,6 +268,8 @@ class GenerationDispatch:
             reply_subject=inbox_subject(gw.router_id, request_id),
             timestamp=time.time(),
             item={"route": route, "body": body},
+            traceparent=carrier.get("traceparent"),
+            tracestate=carrier.get("tracestate"),
         )
         finished = False
         gw.lanes.add_in_flight(lane, 1)

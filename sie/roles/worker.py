@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+from opentelemetry import propagate
 
 from sie.core.errors import ModelNotFound, SieError
 from sie.core.registry import ModelEntry, ModelRegistry
@@ -45,7 +46,7 @@ from sie.roles._config_sync import build_config_sync, run_config_sync
 from sie.roles._generate import run_generation
 from sie.roles._tasks import engine_batch_fn, run_task
 from sie.settings import ServeSettings
-from sie.telemetry import METRICS, Metrics
+from sie.telemetry import METRICS, Metrics, tracer
 from sie.transport.base import (
     Bus,
     BusError,
@@ -252,8 +253,16 @@ class WorkerRole:
 
         scope = anyio.CancelScope()
         self._active.setdefault(item.request_id, set()).add(scope)
+        carrier = {k: v for k in ("traceparent", "tracestate") if (v := getattr(item, k))}
         try:
-            with scope:
+            with (
+                scope,
+                tracer.start_as_current_span(  # §15.1: nests under the gateway's span
+                    "worker.streaming_processor",
+                    context=propagate.extract(carrier),
+                    attributes={"sie.model": item.model_id},
+                ),
+            ):
                 entry = self._entry(item)
                 async with self.models.use(entry) as loaded:
                     await run_generation(loaded.engine, item, publish, self.worker_id)
