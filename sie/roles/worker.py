@@ -458,11 +458,17 @@ class WorkerRole:
         )
 
     async def _heartbeats(self) -> None:
-        """Publish a heartbeat every interval, and at once when a model's state changes."""
+        """Publish a heartbeat every interval, and at once when a model's state changes.
+
+        While a generation engine is loaded the interval is at most the admission
+        poll interval: the gateways' admission gate reads the engine's state from
+        these heartbeats (admission-gate.md "What the gate reads").
+        """
         failing = False
         while True:
+            hb = self.heartbeat()
             try:
-                await self.bus.publish(health_subject(self.worker_id), self.heartbeat().to_bytes())
+                await self.bus.publish(health_subject(self.worker_id), hb.to_bytes())
                 if failing:
                     log.info("heartbeats flowing again")
                 failing = False
@@ -471,5 +477,8 @@ class WorkerRole:
                     log.warning("heartbeat publish failed: %s", exc)
                 failing = True
             self._status_changed = anyio.Event()
-            with anyio.move_on_after(self.settings.heartbeat_interval_s):
+            interval = self.settings.heartbeat_interval_s
+            if any("engine_state" in m for m in hb.models):
+                interval = min(interval, self.settings.admission_poll_interval_s)
+            with anyio.move_on_after(interval):
                 await self._status_changed.wait()
