@@ -33,6 +33,7 @@ __all__ = [
     "GenerationRequest",
     "SamplingParams",
     "StopMatcher",
+    "prompt_token_ids",
     "validate_request",
     "validate_sampling",
 ]
@@ -250,3 +251,43 @@ class StopMatcher:
                     best = n
                     break
         return best
+
+
+def prompt_token_ids(tok: Any, req: GenerationRequest, *, sie_id: str, window: int) -> list[int]:
+    """The token ids a model reads for ``req``: chat ``messages`` through the
+    tokenizer's chat template with the generation prompt appended (no extra special
+    tokens), or the raw ``prompt`` with the tokenizer's default special tokens.
+
+    ``tok``: a Hugging Face tokenizer (``apply_chat_template``, ``encode``);
+    ``window``: the model's context length in tokens.
+
+    Raises:
+        InvalidInput: no chat template, a conversation the template rejects, an empty
+            prompt, or one that leaves no room for a completion token in ``window``
+            (field ``messages`` or ``prompt``).
+    """
+    if req.messages is not None:
+        if not getattr(tok, "chat_template", None):
+            raise InvalidInput(
+                f"model {sie_id!r} has no chat template; send a prompt", field="messages"
+            )
+        try:
+            text = tok.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=False)
+        except Exception as exc:  # jinja raises TemplateError for bad conversations
+            raise InvalidInput(
+                f"messages do not fit the chat template: {exc}", field="messages"
+            ) from exc
+        ids = list(tok.encode(text, add_special_tokens=False))
+        where = "messages"
+    else:
+        ids = list(tok.encode(req.prompt or ""))
+        where = "prompt"
+    if not ids:
+        raise InvalidInput(f"{where} is empty", field=where)
+    if len(ids) >= window:
+        raise InvalidInput(
+            f"{where} is {len(ids)} tokens; the model window is {window} "
+            "(prompt plus at least one completion token)",
+            field=where,
+        )
+    return ids

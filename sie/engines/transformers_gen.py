@@ -69,6 +69,7 @@ from sie.engines.generation import (
     GenerationRequest,
     SamplingParams,
     StopMatcher,
+    prompt_token_ids,
     validate_request,
 )
 from sie.engines.options import loadtime_positive_int
@@ -483,35 +484,9 @@ class TransformersGenerator:
         Raises:
             InvalidInput: no chat template, a template error, or an empty prompt.
         """
-        tok = self._tokenizer
-        if req.messages is not None:
-            if not getattr(tok, "chat_template", None):
-                raise InvalidInput(
-                    f"model {self.config.sie_id!r} has no chat template; send a prompt",
-                    field="messages",
-                )
-            try:
-                text = tok.apply_chat_template(
-                    req.messages, add_generation_prompt=True, tokenize=False
-                )
-            except Exception as exc:  # jinja raises TemplateError for bad conversations
-                raise InvalidInput(
-                    f"messages do not fit the chat template: {exc}", field="messages"
-                ) from exc
-            ids = list(tok(text, add_special_tokens=False)["input_ids"])
-            where = "messages"
-        else:
-            ids = list(tok(req.prompt)["input_ids"])
-            where = "prompt"
-        if not ids:
-            raise InvalidInput(f"{where} is empty", field=where)
-        if len(ids) >= self._window:
-            raise InvalidInput(
-                f"{where} is {len(ids)} tokens; the model window is {self._window} "
-                "(prompt plus at least one completion token)",
-                field=where,
-            )
-        return ids
+        return prompt_token_ids(
+            self._tokenizer, req, sie_id=self.config.sie_id, window=self._window
+        )
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationDelta]:
         """Stream ``req``'s completion (see ``GenerationEngine.generate``)."""
