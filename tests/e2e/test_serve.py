@@ -101,9 +101,18 @@ def test_serve_encode_and_graceful_sigterm(server, st_model) -> None:
             httpx.post(f"{base}/v1/encode/{MINILM}", json={"items": items}, timeout=30).status_code
         )
 
+    def in_flight() -> bool:
+        text = httpx.get(f"{base}/metrics", timeout=5).text
+        return any(
+            line.startswith("sie_gateway_lane_in_flight_items{") and float(line.split()[-1]) > 0
+            for line in text.splitlines()
+        )
+
     t = threading.Thread(target=slow_request)
     t.start()
-    time.sleep(0.05)
+    deadline = time.monotonic() + 20  # SIGTERM only once the request is really in flight
+    while not in_flight() and time.monotonic() < deadline:
+        time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     t.join(30)
     assert proc.wait(timeout=30) == 0
