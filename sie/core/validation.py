@@ -4,13 +4,26 @@ parse request bodies themselves, e.g. generation)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import AfterValidator, BaseModel, StrictStr, ValidationError
 
 from sie.core.errors import InvalidInput
 
-__all__ = ["validate"]
+__all__ = ["Text", "validate"]
+
+
+def _utf8(v: str) -> str:
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"contains an unpaired surrogate at position {exc.start}") from None
+    return v
+
+
+#: A JSON string that is valid Unicode (JSON escapes can smuggle lone surrogates).
+#: A JSON string that is valid Unicode (JSON escapes can smuggle lone surrogates).
+Text = Annotated[StrictStr, AfterValidator(_utf8)]
 
 
 def _loc(loc: tuple[Any, ...]) -> str:

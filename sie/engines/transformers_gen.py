@@ -488,6 +488,17 @@ class TransformersGenerator:
             self._tokenizer, req, sie_id=self.config.sie_id, window=self._window
         )
 
+    def check_request(self, req: GenerationRequest) -> None:
+        """Validate ``req`` before it is accepted: fields, and the prompt against the
+        chat template and the window (the same errors ``generate`` would raise first).
+
+        Raises:
+            InvalidInput: naming the field.
+        """
+        validate_request(req)
+        if self._tokenizer is not None:
+            self.encode_prompt(req)
+
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationDelta]:
         """Stream ``req``'s completion (see ``GenerationEngine.generate``)."""
         validate_request(req)
@@ -778,7 +789,10 @@ class TransformersGenerator:
         now = tok.decode(ids[seq.prefix_offset :], skip_special_tokens=True)
         if len(now) > len(before) and (final or not now.endswith("\ufffd")):
             seq.prefix_offset, seq.read_offset = seq.read_offset, len(ids)
-            return str(now[len(before) :])
+            new = str(now[len(before) :])
+            # a final cut (max_tokens, the window) inside a multi-byte character leaves a
+            # replacement character: drop it rather than send text the model never wrote
+            return new.rstrip("\ufffd") if final else new
         if final:
             seq.read_offset = len(ids)
         return ""

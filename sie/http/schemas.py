@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -17,6 +16,8 @@ from pydantic import (
     StrictInt,
     StrictStr,
 )
+
+from sie.core.validation import Text
 
 __all__ = [
     "EmbeddingsRequest",
@@ -33,18 +34,6 @@ __all__ = [
 OutputType = Literal["dense", "sparse", "multivector"]
 #: reference §1.5 (sie.engines.quantize)
 OutputDtype = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]
-
-
-def _utf8(v: str) -> str:
-    try:
-        v.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"contains an unpaired surrogate at position {exc.start}") from None
-    return v
-
-
-#: A JSON string that is valid Unicode (JSON escapes can smuggle lone surrogates).
-Text = Annotated[StrictStr, AfterValidator(_utf8)]
 
 
 class _Lenient(BaseModel):

@@ -20,10 +20,11 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+import anyio
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from sie.core.errors import InvalidInput, SieError
-from sie.core.validation import validate
+from sie.core.validation import Text, validate
 from sie.core.wire import GenerationChunk, WorkItem
 from sie.engines.generation import GenerationRequest, SamplingParams, validate_request
 
@@ -32,11 +33,26 @@ __all__ = ["parse_generation", "run_generation"]
 Number = Annotated[float, Field(allow_inf_nan=False)]
 
 
+class _Part(BaseModel):
+    """A content part (OpenAI); only text parts can be read by a text model."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"]
+    text: Text
+
+
 class _Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: StrictStr
+    content: Text | list[_Part]
+
+    def flat(self) -> dict[str, str]:
+        """``{"role", "content"}`` with text parts joined (as OpenAI-compatible servers do)."""
+        if isinstance(self.content, str):
+            return {"role": self.role, "content": self.content}
+        return {"role": self.role, "content": "\n".join(p.text for p in self.content)}
 
 
 class _StreamOptions(BaseModel):
@@ -56,7 +72,7 @@ class _Body(BaseModel):
     temperature: Number = 1.0
     top_p: Number = 1.0
     seed: StrictInt | None = None
-    stop: StrictStr | list[StrictStr] | None = None
+    stop: Text | list[Text] | None = None
     n: StrictInt = 1
     stream: StrictBool = False
     stream_options: _StreamOptions | None = None
@@ -67,11 +83,11 @@ class _Chat(_Body):
 
 
 class _Completion(_Body):
-    prompt: StrictStr | list[StrictStr]
+    prompt: Text | list[Text]
 
 
 class _Native(_Body):
-    prompt: StrictStr | None = None
+    prompt: Text | None = None
     messages: list[_Message] | None = None
 
 
@@ -100,7 +116,7 @@ def parse_generation(route: str, body: bytes, request_id: str) -> GenerationRequ
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
     if isinstance(req, _Chat):
-        messages = [m.model_dump() for m in req.messages]
+        messages = [m.flat() for m in req.messages]
     elif isinstance(req, _Completion):
         if isinstance(req.prompt, list):
             if len(req.prompt) != 1:
@@ -111,7 +127,7 @@ def parse_generation(route: str, body: bytes, request_id: str) -> GenerationRequ
     else:
         assert isinstance(req, _Native)
         prompt = req.prompt
-        messages = [m.model_dump() for m in req.messages] if req.messages is not None else None
+        messages = [m.flat() for m in req.messages] if req.messages is not None else None
     out = GenerationRequest(
         request_id=request_id,
         prompt=prompt,
@@ -161,6 +177,9 @@ async def run_generation(
         if not callable(getattr(engine, "generate", None)):
             raise InvalidInput(f"model {item.model_id!r} does not generate text", field="model")
         req = parse_generation(route, body, rid)
+        check = getattr(engine, "check_request", None)
+        if callable(check):  # e.g. a prompt over the window: a 400, not a broken stream
+            await anyio.to_thread.run_sync(check, req)
     except SieError as exc:
         await publish(fail(0, exc))
         return

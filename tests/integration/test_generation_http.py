@@ -230,3 +230,36 @@ def test_the_official_openai_client(gstack: Stack) -> None:
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=LLM, messages=ASK, n=2)
     assert time.monotonic() - t0 < 10
+
+
+def test_found_by_a_new_user(c: httpx.Client) -> None:
+    # a lone surrogate is the client's mistake (400 naming the field), not a 500
+    raw = (
+        b'{"model": "' + LLM.encode() + b'", "max_tokens": 3,'
+        b' "messages": [{"role": "user", "content": "\\ud800"}]}'
+    )
+    r = c.post("/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content"
+    # OpenAI content parts: text parts are joined; other parts are refused by name
+    parts = [{"role": "user", "content": [{"type": "text", "text": ASK[0]["content"]}]}]
+    r = c.post("/v1/chat/completions", json={"model": LLM, "messages": parts, "temperature": 0})
+    assert (
+        r.status_code == 200
+        and r.json()["choices"][0]["message"]["content"]
+        == (chat(c).json()["choices"][0]["message"]["content"])
+    )
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    r = c.post("/v1/chat/completions", json={"model": LLM, "messages": image})
+    assert r.status_code == 400 and "messages[0].content" in r.json()["error"]["param"]
+    # a prompt over the window is a 400 before the stream starts
+    long = [{"role": "user", "content": "word " * 3000}]
+    r = c.post("/v1/chat/completions", json={"model": LLM, "messages": long, "stream": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    # max_tokens cutting a multi-byte character never sends a replacement character
+    cats = [{"role": "user", "content": "Say cat emoji 🐱🐱"}]
+    for n in range(6, 12):
+        r = c.post(
+            "/v1/chat/completions",
+            json={"model": LLM, "messages": cats, "temperature": 0, "max_tokens": n},
+        )
+        assert "\ufffd" not in r.json()["choices"][0]["message"]["content"]
