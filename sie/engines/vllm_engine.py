@@ -342,6 +342,17 @@ class VllmGenerator:
             stop=list(sp.stop),
         )
 
+    def check_request(self, req: GenerationRequest) -> None:
+        """Validate ``req`` before it is accepted: its fields, and (once the tokenizer
+        is known, i.e. after the first request) the prompt against the window.
+
+        Raises:
+            InvalidInput: naming the field.
+        """
+        validate_request(req)
+        if self._tokenizer is not None:
+            self.encode_prompt(self._tokenizer, req)
+
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationDelta]:
         """Stream ``req``'s completion (see ``GenerationEngine.generate``)."""
         validate_request(req)

@@ -69,10 +69,10 @@ class _Body(BaseModel):
 
     max_tokens: StrictInt | None = None
     max_completion_tokens: StrictInt | None = None
-    temperature: Number = 1.0
+    temperature: Annotated[Number, Field(le=2.0)] = 1.0  # OpenAI's range is 0..2
     top_p: Number = 1.0
     seed: StrictInt | None = None
-    stop: Text | list[Text] | None = None
+    stop: Text | Annotated[list[Text], Field(max_length=4)] | None = None  # OpenAI: up to 4
     n: StrictInt = 1
     stream: StrictBool = False
     stream_options: _StreamOptions | None = None

@@ -263,3 +263,11 @@ def test_found_by_a_new_user(c: httpx.Client) -> None:
             json={"model": LLM, "messages": cats, "temperature": 0, "max_tokens": n},
         )
         assert "\ufffd" not in r.json()["choices"][0]["message"]["content"]
+
+
+def test_openai_limits_on_temperature_and_stop(c: httpx.Client) -> None:
+    r = chat(c, temperature=2.5)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"
+    r = chat(c, stop=["a", "b", "c", "d", "e"])
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
+    assert chat(c, temperature=2.0, max_tokens=2, stop=["a", "b", "c", "d"]).status_code == 200
