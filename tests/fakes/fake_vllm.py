@@ -39,10 +39,8 @@ import contextlib
 import hashlib
 import json
 import math
-import os
 import random
 import re
-import socket
 import threading
 import time
 import uuid
@@ -56,13 +54,14 @@ from typing import Any
 import anyio
 from anyio.from_thread import start_blocking_portal
 from hypercorn.asyncio import serve as hypercorn_serve
-from hypercorn.config import Config
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from tests.loopback import loopback_config
 
 __all__ = [
     "COUNTING",
@@ -862,26 +861,14 @@ class FakeVllmServer:
 def serve(server: FakeVllmServer) -> Iterator[FakeVllmServer]:
     """Serve ``server`` with hypercorn on a free loopback port, on an event loop in a
     thread of its own; sets ``server.base_url``."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
-    server.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    config = Config()
-    config.bind = [f"fd://{os.dup(sock.fileno())}"]  # hypercorn owns (and closes) the dup
-    config.accesslog = None
-    config.errorlog = None
-    config.graceful_timeout = 0.2
-    try:
-        with start_blocking_portal() as portal:
-            stop = portal.call(anyio.Event)
-            done = portal.start_task_soon(
-                partial(hypercorn_serve, server.app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
-            )
-            try:
-                yield server
-            finally:
-                portal.call(stop.set)
-                done.result(timeout=10)
-    finally:
-        sock.close()
+    with loopback_config(0.2) as (config, base_url), start_blocking_portal() as portal:
+        server.base_url = base_url
+        stop = portal.call(anyio.Event)
+        done = portal.start_task_soon(
+            partial(hypercorn_serve, server.app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+        )
+        try:
+            yield server
+        finally:
+            portal.call(stop.set)
+            done.result(timeout=10)

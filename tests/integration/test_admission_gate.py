@@ -10,7 +10,6 @@ driven with ``update`` where exact control of the readings matters.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,7 +20,6 @@ from functools import partial
 import anyio
 import pytest
 from hypercorn.asyncio import serve
-from hypercorn.config import Config
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
@@ -40,6 +38,7 @@ from sie.engines.engine_observer import EngineObserver
 from sie.http.errors import error_headers
 from sie.roles._admission import AdmissionGate
 from sie.telemetry import Metrics
+from tests.loopback import loopback_config
 
 pytestmark = pytest.mark.anyio
 
@@ -95,24 +94,13 @@ async def fake_engine() -> AsyncIterator[FakeEngine]:
         return PlainTextResponse(engine.text, status_code=engine.status)
 
     app = Starlette(routes=[Route("/metrics", metrics)])
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    engine.url = f"http://127.0.0.1:{sock.getsockname()[1]}/metrics"
-    config = Config()
-    config.bind = [f"fd://{os.dup(sock.fileno())}"]  # hypercorn owns (and closes) the dup
-    config.accesslog = None
-    config.errorlog = None
-    config.graceful_timeout = 0.1
     stop = anyio.Event()
-    try:
+    with loopback_config(0.1) as (config, base_url):
+        engine.url = f"{base_url}/metrics"
         async with anyio.create_task_group() as tg:
             tg.start_soon(partial(serve, app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
             yield engine
             stop.set()
-    finally:
-        sock.close()
 
 
 def dead_url() -> str:
