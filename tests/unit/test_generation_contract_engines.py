@@ -5,10 +5,8 @@ the engines that cannot run a real model here, plus their own mapping tests:
   whole contract; SamplingParams / engine-argument mapping, finish reasons, usage, the
   stop guard, ``state()`` from vLLM's gauges and from counting, unload.
 - ``OpenAIUpstreamGenerator`` against ``FakeVllmServer`` over real HTTP (hypercorn on a
-  loopback port): the contract, except the three checks that read ``state()`` right
-  after a change while the contract's ``Harness`` has no ``state_lag_s`` (a scraped
-  state lags by up to one poll; they run by themselves once it has one, and are
-  covered here by eventual versions); request mapping, upstream error mapping, abort
+  loopback port): the whole contract, with ``state_lag_s`` for its scraped state
+  (up to one poll old); request mapping, upstream error mapping, abort
   closing the upstream stream, ``state()`` following the scraped ``/metrics``,
   fail-open. The fake server's wire format is checked with the official ``openai``
   client.
@@ -59,9 +57,6 @@ from tests.fakes.fake_vllm import (
 from tests.unit.test_generation_engine import (
     CONTRACT,
     Harness,
-    check_abort_frees_slot,
-    check_closing_iterator_aborts,
-    check_state_reports_running_and_kv,
     check_waiting_then_all_complete,
     collect,
     request,
@@ -77,17 +72,8 @@ TOK = FakeTokenizer()
 
 #: checks that need requests to stay queued long enough to be seen: slower engine steps
 SLOW_STEP_S = {check_waiting_then_all_complete.__name__: 0.05}
-#: contract checks that assert ``state()`` immediately after a change; an upstream's
-#: state is a scrape (up to one poll old). Until the contract's Harness can say so
-#: (``state_lag_s``, see the module docstring) they are skipped for the upstream and
-#: covered by the eventual versions below.
+#: how long an upstream's scraped ``state()`` may lag a change (seconds; Harness.state_lag_s)
 STATE_LAG_S = 5.0
-HARNESS_HAS_STATE_LAG = "state_lag_s" in Harness.__dataclass_fields__
-LAGGING_STATE = {
-    check_state_reports_running_and_kv.__name__,
-    check_abort_frees_slot.__name__,
-    check_closing_iterator_aborts.__name__,
-}
 
 
 def engine_config(adapter: str, loadtime: dict[str, Any], **doc: Any) -> Any:
@@ -422,19 +408,18 @@ def server(fake_server: FakeVllmServer) -> Iterator[FakeVllmServer]:
 
 @pytest.fixture(scope="module")
 def upstream_harness(upstream: OpenAIUpstreamGenerator) -> Harness:
-    lag: dict[str, Any] = {"state_lag_s": STATE_LAG_S} if HARNESS_HAS_STATE_LAG else {}
-    return Harness(engine=upstream, prompt_tokens=prompt_tokens, count_tokens=count_tokens, **lag)
+    return Harness(
+        engine=upstream,
+        prompt_tokens=prompt_tokens,
+        count_tokens=count_tokens,
+        state_lag_s=STATE_LAG_S,
+    )
 
 
 @pytest.mark.parametrize("check", CONTRACT, ids=lambda f: f.__name__.removeprefix("check_"))
 async def test_upstream_contract(
     upstream_harness: Harness, server: FakeVllmServer, check: Callable[[Harness], Any]
 ) -> None:
-    if check.__name__ in LAGGING_STATE and not HARNESS_HAS_STATE_LAG:
-        pytest.skip(
-            "reads state() right after a change; a scraped state lags one poll "
-            "(eventual versions: test_upstream_*state*/abort*)"
-        )
     # start from an idle reading: the scrape of the previous check's requests may lag
     await wait_until(lambda: upstream_harness.engine.state().load == 0, 5)
     with step_time(server.engine, SLOW_STEP_S.get(check.__name__)):
