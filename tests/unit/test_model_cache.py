@@ -125,9 +125,12 @@ async def test_idle_eviction_spares_pinned_models() -> None:
         await tg.start(c.run)
         await c.get(e["i"])
         await c.get(e["k"])
-        await anyio.sleep(0.5)
-        assert loaded(c) == {"k"}
+        for _ in range(100):  # the unload itself runs on the model's thread
+            if {s["name"]: s["evictions"] for s in c.statuses()} == {"i": 1, "k": 0}:
+                break
+            await anyio.sleep(0.05)
         assert {s["name"]: s["evictions"] for s in c.statuses()} == {"i": 1, "k": 0}
+        assert loaded(c) == {"k"}
         tg.cancel_scope.cancel()
 
 
