@@ -47,3 +47,21 @@ def start_server(
         time.sleep(0.3)
     proc.kill()
     raise SystemExit("sie serve did not become ready")
+
+
+def engine_counters(port: int) -> dict[str, float]:
+    """Engine-call totals from ``/metrics``: ``calls``, ``items`` and ``busy_s`` (the
+    summed wall time of engine calls), over every model of the worker."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    out = {"calls": 0.0, "items": 0.0, "busy_s": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "sie_batch_size_count":
+                out["calls"] += sample.value
+            elif sample.name == "sie_batch_size_sum":
+                out["items"] += sample.value
+            elif sample.name == "sie_batch_inference_duration_seconds_sum":
+                out["busy_s"] += sample.value
+    return out

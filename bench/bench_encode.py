@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _load import run_load  # noqa: E402
-from _server import free_port, start_server  # noqa: E402
+from _server import engine_counters, free_port, start_server  # noqa: E402
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 WORDS = (
@@ -66,7 +66,15 @@ def raw_throughput(texts: list[str], batch_sizes: list[int], seconds: float) -> 
 
 
 def served_throughput(port: int, connections: int, seconds: float) -> dict[str, float]:
-    return run_load(port, MODEL, connections, seconds)
+    """Closed-loop load plus the engine's view: mean items per engine call and the
+    fraction of wall time the engine was busy."""
+    before, t0 = engine_counters(port), time.perf_counter()
+    out = run_load(port, MODEL, connections, seconds)
+    after, wall = engine_counters(port), time.perf_counter() - t0
+    calls = after["calls"] - before["calls"]
+    out["mean_batch"] = (after["items"] - before["items"]) / calls if calls else 0.0
+    out["engine_busy"] = (after["busy_s"] - before["busy_s"]) / wall
+    return out
 
 
 def main() -> None:
@@ -91,7 +99,8 @@ def main() -> None:
             print(
                 f"  served c={c:2d}: {s['rps']:8.1f} req/s (1 text each), p50 {s['p50_ms']:.1f} ms, "
                 f"p99 {s['p99_ms']:.1f} ms, errors {int(s['errors'])}, "
-                f"client CPU {s['client_cpu_s'] / args.seconds:.0%} of a core",
+                f"client CPU {s['client_cpu_s'] / args.seconds:.0%} of a core; "
+                f"engine: {s['mean_batch']:.1f} items/call, busy {s['engine_busy']:.0%}",
                 flush=True,
             )
     finally:

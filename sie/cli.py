@@ -135,6 +135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if "worker" in settings.roles:
+        # Engines run on threads that need the GIL between tensor ops; a short switch
+        # interval hands it back quickly while the event loop is busy (bench_encode.py).
+        sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
     try:
         anyio.run(_serve, settings)
     except KeyboardInterrupt:

@@ -61,6 +61,8 @@ class ServeSettings(BaseModel):
     max_batch_requests: int = Field(default=64, gt=0)
     max_batch_wait_ms: float = Field(default=10.0, ge=0)
     max_inflight_items: int = Field(default=512, gt=0)
+    # engine calls of one model in flight at once on a CPU (sie.engines.threads)
+    engine_concurrency: int = Field(default=2, ge=1, le=64)
     # worker memory (reference §4.5): bytes, else this fraction of RAM (VRAM on CUDA)
     memory_budget_bytes: int | None = Field(default=None, gt=0)
     memory_budget_fraction: float = Field(default=0.85, gt=0, le=1)
@@ -68,6 +70,9 @@ class ServeSettings(BaseModel):
     ack_wait_s: float = 30.0
     max_deliver: int = 20
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    # The worker's inference thread takes the GIL back between tensor ops; Python's
+    # default 5 ms switch interval stalls each such hand-over behind the event loop.
+    gil_switch_interval_ms: float = Field(default=0.5, gt=0, le=100)
     log_level: str = "INFO"
     # config authority (architecture §3, §9, §13 "Config service")
     config_store_dir: str | None = None
@@ -188,12 +193,14 @@ ENV_VARS: dict[str, str] = {
     "SIE_MAX_BATCH_REQUESTS": "max_batch_requests",
     "SIE_MAX_BATCH_WAIT_MS": "max_batch_wait_ms",
     "SIE_MAX_CONCURRENT_REQUESTS": "max_inflight_items",
+    "SIE_ENGINE_CONCURRENCY": "engine_concurrency",
     "SIE_MEMORY_BUDGET_BYTES": "memory_budget_bytes",
     "SIE_MEMORY_BUDGET_FRACTION": "memory_budget_fraction",
     "SIE_IDLE_EVICT_S": "idle_evict_s",
     "SIE_ACK_WAIT_S": "ack_wait_s",
     "SIE_MAX_DELIVER": "max_deliver",
     "SIE_HEARTBEAT_INTERVAL_S": "heartbeat_interval_s",
+    "SIE_GIL_SWITCH_INTERVAL_MS": "gil_switch_interval_ms",
     "SIE_LOG_LEVEL": "log_level",
     "SIE_CONFIG_STORE_DIR": "config_store_dir",
     "SIE_CONFIG_RESTORE": "config_restore",

@@ -80,6 +80,13 @@ class Metrics:
             registry=self.registry,
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
         )
+        self.batch_inference = Histogram(
+            "sie_batch_inference_duration_seconds",
+            "Wall time of one engine call (seconds); its sum over time is the engine's busy time",
+            ["model"],
+            registry=self.registry,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
         self.tokens = Counter(
             "sie_tokens_processed_total",
             "Tokens run through engines",

@@ -36,7 +36,6 @@ __all__ = [
     "WorkResult",
     "packb",
     "salvage_reply",
-    "to_jsonable",
     "unpackb",
 ]
 
@@ -154,19 +153,6 @@ def salvage_reply(data: bytes) -> tuple[str, WorkResult] | None:
         error="work item could not be decoded",
         error_code="INVALID_PAYLOAD",
     )
-
-
-def to_jsonable(obj: Any) -> Any:
-    """Expand numpy arrays/scalars to lists/numbers for JSON responses."""
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, dict):
-        return {k if isinstance(k, str) else k.decode(): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [to_jsonable(v) for v in obj]
-    return obj
 
 
 T = TypeVar("T", bound="_Message")

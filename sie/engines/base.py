@@ -1,9 +1,11 @@
 """The engine port: what a worker needs from a model implementation.
 
-Engines are synchronous and not thread-safe; the worker runs ``load``, the
-task methods and ``unload`` on one dedicated thread per model (see
-``sie.engines.batching``). Constructors take ``(config, profile, device)`` and do
-no I/O; ``load`` does the heavy work.
+Engines are synchronous. The worker runs ``load``, the task methods and ``unload``
+on worker threads, never two at once for one model, unless the engine declares
+``concurrent_calls = N`` (its task methods are thread-safe): then up to N task calls
+run at once on a CPU (``sie.engines.threads``, ``sie.engines.batching``), still
+never alongside ``load`` or ``unload``. Constructors take ``(config, profile,
+device)`` and do no I/O; ``load`` does the heavy work.
 
 An engine implements one or more task protocols, checked by method:
 ``EncodeEngine`` (``encode``), ``ScoreEngine`` (``score``), ``ExtractEngine``

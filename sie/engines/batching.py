@@ -6,9 +6,12 @@ model. A batch is formed when the queued cost reaches ``max_batch_tokens``, or
 oldest queued item, or no new item arrived for ``coalesce_s``. Items are taken
 first-come-first-served (no starvation of long texts) and grouped by a config
 key (output types, instruction, is_query, options); one engine call runs per
-group on the model's single inference thread. While a batch runs, new items
-accumulate and are dispatched as soon as it ends (continuous batching).
-Cancelled submitters' items are dropped before they reach the engine.
+group on a worker thread. Up to ``limiter.total_tokens`` batches run at once (the
+model's engine slots, see ``sie.engines.threads``); a batch is formed only when a
+slot is free, so while every slot is busy new items accumulate and leave together
+as soon as one ends (continuous batching). Cancelled submitters' items are dropped
+before they reach the engine. Cancelling ``run`` waits for the engine calls in
+flight (a thread cannot be interrupted), so the model may be unloaded after it.
 """
 
 from __future__ import annotations
@@ -61,7 +64,9 @@ class TokenBudgetBatcher(Generic[P, R]):
         max_batch_requests: item cap per batch.
         max_wait_s: longest time the oldest item waits for company (seconds).
         coalesce_s: dispatch early when no new item arrives for this long (seconds).
-        limiter: the model's inference thread (capacity 1 serialises engine calls).
+        limiter: the model's engine slots: its capacity is how many engine calls may
+            run at once (1 serialises them); default capacity 1.
+        on_batch: ``(items, cost, seconds)`` after each successful engine call.
     """
 
     def __init__(
@@ -140,27 +145,50 @@ class TokenBudgetBatcher(Generic[P, R]):
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """The batching loop; run it in a task group until cancelled."""
-        task_status.started()
-        while True:
-            while not self._queue:
-                self._arrived = anyio.Event()
-                await self._arrived.wait()
-            deadline = self._queue[0].enqueued_at + self.max_wait_s
-            while not self._full():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not await self._wait_arrival(min(self.coalesce_s, remaining)):
-                    break
-            batch = self._take()
-            if not batch:
-                continue
-            try:
-                await self._execute(batch)
-            except Exception as exc:  # never let one batch stop the loop
-                for p in batch:
-                    if not p.done.is_set():
-                        p.error = exc
-                        p.done.set()
+        """The batching loop; run it in a task group until cancelled. On cancel it
+        returns once the engine calls in flight have finished."""
+        slots = anyio.Semaphore(max(1, int(self._limiter.total_tokens)))
+        async with anyio.create_task_group() as calls:
+            task_status.started()
+            while True:
+                while not self._queue:
+                    self._arrived = anyio.Event()
+                    await self._arrived.wait()
+                await slots.acquire()  # form the batch only once an engine slot is free
+                try:
+                    batch = await self._form()
+                except BaseException:
+                    slots.release()
+                    raise
+                if not batch:
+                    slots.release()
+                    continue
+                calls.start_soon(self._execute_then_release, batch, slots)
+
+    async def _form(self) -> list[_Pending[P, R]]:
+        """Wait for company (``max_wait_s`` after the oldest item, ``coalesce_s`` of
+        quiet, or a full budget), then take the batch."""
+        if not self._queue:
+            return []
+        deadline = self._queue[0].enqueued_at + self.max_wait_s
+        while not self._full():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not await self._wait_arrival(min(self.coalesce_s, remaining)):
+                break
+        return self._take()
+
+    async def _execute_then_release(
+        self, batch: list[_Pending[P, R]], slots: anyio.Semaphore
+    ) -> None:
+        try:
+            await self._execute(batch)
+        except Exception as exc:  # never let one batch stop the loop
+            for p in batch:
+                if not p.done.is_set():
+                    p.error = exc
+                    p.done.set()
+        finally:
+            slots.release()
 
     async def _execute(self, batch: list[_Pending[P, R]]) -> None:
         groups: dict[Hashable, list[_Pending[P, R]]] = {}

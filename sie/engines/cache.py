@@ -36,6 +36,7 @@ from sie.core.errors import ModelLoadFailed, SieError
 from sie.core.registry import ModelEntry
 from sie.engines.base import Engine, load_engine_class, memory_bytes
 from sie.engines.batching import TokenBudgetBatcher
+from sie.engines.threads import CallThreads, engine_slots
 
 __all__ = ["LoadedModel", "ModelCache", "device_memory_bytes"]
 
@@ -58,6 +59,7 @@ class LoadedModel:
     batcher: TokenBudgetBatcher[Any, Any]
     limiter: anyio.CapacityLimiter
     scope: anyio.CancelScope
+    stopped: anyio.Event  # set once the batcher has returned (no engine call in flight)
     loaded_at: float = field(default_factory=time.time)
     bytes: int = 0
 
@@ -97,6 +99,8 @@ class ModelCache:
         run_batch: builds the batch function for an engine (see ``roles._tasks``).
         device: torch device string, e.g. ``"cpu"``.
         max_batch_requests / max_batch_wait_s: batcher limits (reference §4.6).
+        engine_concurrency: engine calls of one model that may run at once on a CPU,
+            for engines that allow it (``sie.engines.threads``).
         memory_budget_bytes: most bytes of loaded models (None: unlimited).
         idle_evict_s: unload models unused this many seconds (None: never).
         pinned: model ids never evicted (the ``--preload`` list).
@@ -111,6 +115,7 @@ class ModelCache:
         device: str = "cpu",
         max_batch_requests: int = 64,
         max_batch_wait_s: float = 0.010,
+        engine_concurrency: int = 2,
         on_batch: Callable[[str, int, int, float], Any] | None = None,
         on_change: Callable[[], Any] | None = None,
         memory_budget_bytes: int | None = None,
@@ -124,6 +129,8 @@ class ModelCache:
         self._device = device
         self._max_batch_requests = max_batch_requests
         self._max_batch_wait_s = max_batch_wait_s
+        self._engine_concurrency = engine_concurrency
+        self._call_threads = CallThreads()
         self._on_batch = on_batch
         self._on_change = on_change
         self._on_evict = on_evict
@@ -282,17 +289,19 @@ class ModelCache:
             )
         else:
             on_batch = self._on_batch
+            limiter.total_tokens = engine_slots(engine, self._device, self._engine_concurrency)
             batcher: TokenBudgetBatcher[Any, Any] = TokenBudgetBatcher(
-                self._run_batch(engine),
+                self._call_threads.wrap(self._run_batch(engine)),
                 max_batch_tokens=entry.profile.max_batch_tokens,
                 max_batch_requests=self._max_batch_requests,
                 max_wait_s=self._max_batch_wait_s,
                 limiter=limiter,
                 on_batch=(lambda n, c, s: on_batch(entry.model_id, n, c, s)) if on_batch else None,
             )
-            scope = await self._tg.start(self._run_batcher, batcher)
+            stopped = anyio.Event()
+            scope = await self._tg.start(self._run_batcher, batcher, stopped)
             size = memory_bytes(engine)
-            slot.loaded = LoadedModel(entry, engine, batcher, limiter, scope, bytes=size)
+            slot.loaded = LoadedModel(entry, engine, batcher, limiter, scope, stopped, bytes=size)
             slot.state = "loaded"
             slot.last_used = time.monotonic()
             stats.loads += 1
@@ -356,12 +365,16 @@ class ModelCache:
     @staticmethod
     async def _run_batcher(
         batcher: TokenBudgetBatcher[Any, Any],
+        stopped: anyio.Event,
         *,
         task_status: anyio.abc.TaskStatus[anyio.CancelScope],
     ) -> None:
-        with anyio.CancelScope() as scope:
-            task_status.started(scope)
-            await batcher.run()
+        try:
+            with anyio.CancelScope() as scope:
+                task_status.started(scope)
+                await batcher.run()
+        finally:
+            stopped.set()
 
     async def unload(self, model_id: str, *, reason: str | None = None) -> None:
         """Unload ``model_id`` (``unloading`` meanwhile); ``reason`` counts an eviction."""
@@ -374,6 +387,7 @@ class ModelCache:
             if slot.loaded is not None:
                 limiter = slot.loaded.limiter
                 slot.loaded.scope.cancel()
+                stopped = slot.loaded.stopped
                 engine = slot.loaded.engine
 
                 def release() -> None:
@@ -382,6 +396,7 @@ class ModelCache:
 
                 slot.loaded = None
                 with anyio.CancelScope(shield=True):
+                    await stopped.wait()  # every engine call in flight has returned
                     await anyio.to_thread.run_sync(release, limiter=limiter)
                 if reason is not None:
                     self._stats.setdefault(model_id, _Stats()).evictions += 1

@@ -38,6 +38,10 @@ MAX_PREDICT_BATCH = 64
 class CrossEncoderScorer:
     """Query-document relevance from a sentence-transformers cross-encoder directory."""
 
+    #: ``score`` may run on several threads at once (sie.engines.threads): the model is
+    #: in inference mode and ``load``'s warm-up call fixes the tokenizer's settings.
+    concurrent_calls = 8
+
     def __init__(self, config: ModelConfig, profile: ResolvedProfile, device: str = "cpu") -> None:
         self.config = config
         self.profile = profile
@@ -64,6 +68,14 @@ class CrossEncoderScorer:
             )
         model.eval()
         self._activations = {"none": torch.nn.Identity(), "sigmoid": torch.nn.Sigmoid()}
+        try:  # warm-up: torch's lazy init, and the tokenizer's settings, before any request
+            model.predict([["warm", "up"]], show_progress_bar=False)
+        except Exception as exc:
+            raise ModelLoadFailed(
+                f"model {self.config.sie_id!r} loaded but cannot score: {exc}",
+                error_class="UNKNOWN",
+                permanent=True,
+            ) from exc
         self._model = model
 
     def unload(self) -> None:

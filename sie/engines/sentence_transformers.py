@@ -24,6 +24,7 @@ from sie.core.templates import render_input
 from sie.engines.batching import plan_padding_chunks
 from sie.engines.options import runtime_positive_int
 from sie.engines.tokens import counting_tokenizer, torch_bytes
+from sie.engines.torchscript import TracedEncoder, trace_st_encoder
 from sie.engines.weights import resolve_weights
 
 __all__ = ["DenseEncoder", "SparseEncoder"]
@@ -96,6 +97,10 @@ class DenseEncoder:
     """Dense text embeddings from a sentence-transformers model directory."""
 
     outputs: tuple[str, ...] = ("dense", "multivector")
+    #: Task methods may run on several threads at once (sie.engines.threads): torch
+    #: modules in inference mode, and a tokenizer configured once by ``load``'s warm-up
+    #: call (later calls only read its truncation/padding settings).
+    concurrent_calls = 8
 
     def __init__(self, config: ModelConfig, profile: ResolvedProfile, device: str = "cpu") -> None:
         self.config = config
@@ -103,6 +108,7 @@ class DenseEncoder:
         self.device = device
         self._model: Any = None
         self._counter: Any = None
+        self._traced: TracedEncoder | None = None
         self._dim = 0
 
     def load(self) -> None:
@@ -115,10 +121,21 @@ class DenseEncoder:
         self._dim = int(get_dim())
         _check_declared_dim(self.config, "dense", self._dim)
         self._counter = counting_tokenizer(model.tokenizer)
+        try:  # warm-up: torch's lazy init, and the tokenizer's settings, before any request
+            model.encode(["warm-up"], show_progress_bar=False)
+        except Exception as exc:
+            raise ModelLoadFailed(
+                f"model {self.config.sie_id!r} loaded but cannot encode: {exc}",
+                error_class="UNKNOWN",
+                permanent=True,
+            ) from exc
+        # CPU: the transformer as one GIL-free call when it matches eager exactly
+        self._traced = trace_st_encoder(model) if self.device.startswith("cpu") else None
 
     def unload(self) -> None:
         self._model = None
         self._counter = None
+        self._traced = None
 
     @property
     def dim(self) -> int:
@@ -177,6 +194,9 @@ class DenseEncoder:
         multi: list[np.ndarray] = [np.empty((0, self.dim), dtype=np.float32)] * len(texts)
         for chunk in self._chunks(texts, lengths):
             batch = [texts[i] for i in chunk]
+            if self._traced is not None:
+                self._encode_traced(batch, chunk, dense, multi if want_multi else None, normalize)
+                continue
             try:
                 if not want_multi:
                     dense[chunk] = self._model.encode(
@@ -204,6 +224,35 @@ class DenseEncoder:
         if want_multi:
             out["multivector"] = multi
         return out
+
+    def _encode_traced(
+        self,
+        batch: list[str],
+        chunk: list[int],
+        dense: np.ndarray,
+        multi: list[np.ndarray] | None,
+        normalize: bool,
+    ) -> None:
+        """One forward pass through the traced encoder, written into ``dense`` (and
+        ``multi``) at ``chunk``'s rows; the same numbers as ``SentenceTransformer.encode``."""
+        import torch
+
+        assert self._traced is not None
+        try:
+            feats = self._traced(batch)
+        except Exception as exc:
+            raise InferenceError(f"encode failed: {exc}") from exc
+        emb = feats["sentence_embedding"]
+        if normalize:
+            emb = torch.nn.functional.normalize(emb, p=2, dim=1)
+        dense[chunk] = emb.float().numpy()
+        if multi is None:
+            return
+        masks = feats["attention_mask"].bool().numpy()
+        tokens = feats["token_embeddings"].float().numpy()
+        for row, i in enumerate(chunk):
+            vecs = tokens[row][masks[row]]  # no padding
+            multi[i] = _l2(vecs) if normalize else vecs
 
     def score(
         self,

@@ -73,6 +73,7 @@ from sie.engines.generation import (
     validate_request,
 )
 from sie.engines.options import loadtime_positive_int
+from sie.engines.threads import cpu_cores
 from sie.engines.tokens import torch_bytes
 from sie.engines.weights import resolve_weights
 
@@ -618,6 +619,9 @@ class TransformersGenerator:
 
     def _run(self) -> None:
         torch = self._torch
+        # torch's thread count is per thread, and a new thread starts from the last
+        # count any thread set (encode calls may have set 1): this loop owns every core
+        torch.set_num_threads(cpu_cores())
         try:
             with torch.inference_mode():
                 while True:

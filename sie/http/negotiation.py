@@ -11,14 +11,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
+from pydantic_core import to_json
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from sie.core.errors import PayloadTooLarge, WireError
 from sie.core.validation import validate
-from sie.core.wire import packb, to_jsonable, unpackb
+from sie.core.wire import packb, unpackb
 
-__all__ = ["MSGPACK", "read_body", "read_payload", "render", "validate", "wants_msgpack"]
+__all__ = [
+    "MSGPACK",
+    "FastJSONResponse",
+    "read_body",
+    "read_payload",
+    "render",
+    "validate",
+    "wants_msgpack",
+]
 
 MSGPACK = "application/msgpack"
 
@@ -115,4 +125,27 @@ def render(
     """Encode a successful response per ``Accept``."""
     if wants_msgpack(request):
         return Response(packb(payload), media_type=MSGPACK, headers=headers)
-    return JSONResponse(to_jsonable(payload), headers=headers)
+    return FastJSONResponse(payload, headers=headers)
+
+
+def _expand(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray | np.generic):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+class FastJSONResponse(JSONResponse):
+    """Compact UTF-8 JSON rendered by pydantic-core (Rust), numpy arrays and scalars as
+    lists and numbers.
+
+    About 10x faster than ``json.dumps`` on a 384-float vector (19 vs 174 µs), which
+    is per-request CPU on the serving hot path (bench/bench_encode.py). Floats keep
+    their shortest round-trip form; a non-finite value, which JSON cannot carry, is
+    ``null`` (msgpack responses keep it). Bytes map keys become strings.
+
+    Raises:
+        pydantic_core.PydanticSerializationError: a value of another unknown type.
+    """
+
+    def render(self, content: Any) -> bytes:
+        return to_json(content, fallback=_expand, inf_nan_mode="null")

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from sie.core.errors import InvalidInput, ModelNotFound, SieError
-from sie.http.negotiation import read_payload, validate
+from sie.http.negotiation import FastJSONResponse, read_payload, validate
 from sie.http.schemas import EmbeddingsRequest
 from sie.roles.gateway import GatewayRole
 from sie.telemetry import Metrics
@@ -144,7 +144,7 @@ async def _embeddings(request: Request, gateway: GatewayRole) -> Response:
             emb = vec.tolist()
         data.append({"object": "embedding", "embedding": emb, "index": i})
     tokens = sum(r.input_tokens or 0 for r in collected.results)
-    return JSONResponse(
+    return FastJSONResponse(
         {
             "object": "list",
             "data": data,

@@ -96,6 +96,7 @@ class WorkerRole:
             device=settings.device,
             max_batch_requests=settings.max_batch_requests,
             max_batch_wait_s=settings.max_batch_wait_ms / 1000.0,
+            engine_concurrency=settings.engine_concurrency,
             on_batch=self._on_batch,
             on_change=lambda: self._status_changed.set(),
             memory_budget_bytes=budget,
@@ -127,8 +128,9 @@ class WorkerRole:
         bundle = self.registry.snapshot.bundles.get(self.settings.bundle)
         return tuple(bundle.adapters) if bundle else ()
 
-    def _on_batch(self, model: str, n: int, tokens: int, _s: float) -> None:
+    def _on_batch(self, model: str, n: int, tokens: int, seconds: float) -> None:
         self.metrics.batch_size.labels(model).observe(n)
+        self.metrics.batch_inference.labels(model).observe(seconds)
         self.metrics.tokens.labels(model).inc(tokens)
 
     async def run(

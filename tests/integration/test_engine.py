@@ -193,3 +193,78 @@ def test_declared_dim_must_match_the_weights() -> None:
     e = DenseEncoder(cfg, cfg.resolve_profile(), "cpu")
     with pytest.raises(ModelLoadFailed, match=r"dim is 123 but the weights produce 384"):
         e.load()
+
+
+MIXED = [
+    "hello",
+    "a much longer sentence that needs padding next to the short ones " * 2,
+    "word " * 700,  # truncated at the window
+    "日本語の文書",
+    "mid length text with a few words",
+]
+
+
+def test_cpu_engine_uses_the_trace_and_it_equals_eager(engine: DenseEncoder) -> None:
+    """sie.engines.torchscript: one GIL-free call per forward pass, same numbers."""
+    assert engine._traced is not None
+    kw = {"output_types": ["dense", "multivector"], "options": {"normalize": True}}
+    traced = engine.encode(MIXED, **kw)
+    saved, engine._traced = engine._traced, None
+    try:
+        eager = engine.encode(MIXED, **kw)
+    finally:
+        engine._traced = saved
+    np.testing.assert_allclose(traced["dense"], eager["dense"], atol=1e-6)
+    for t, e in zip(traced["multivector"], eager["multivector"], strict=True):
+        assert t.shape == e.shape
+        np.testing.assert_allclose(t, e, atol=1e-6)
+
+
+def test_a_trace_that_differs_from_eager_is_not_used(
+    st_model: object, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sie.engines import torchscript
+
+    assert torchscript.trace_st_encoder(st_model) is not None
+    monkeypatch.setattr(torchscript, "TOLERANCE", -1.0)  # nothing can match now
+    with caplog.at_level("WARNING", logger="sie.engines.torchscript"):
+        assert torchscript.trace_st_encoder(st_model) is None
+    assert "eager kept" in caplog.text
+
+
+def test_other_pipelines_are_not_traced() -> None:
+    """SPLADE's first module is an MLM head, not the plain encoder the trace covers."""
+    from sie.engines.sentence_transformers import SparseEncoder
+    from sie.engines.torchscript import trace_st_encoder
+
+    cfg = parse_model_config((CONFIGS / "rasyosef__splade-tiny.yaml").read_text())
+    sparse = SparseEncoder(cfg, cfg.resolve_profile(), "cpu")
+    sparse.load()
+    assert trace_st_encoder(sparse._model) is None
+
+
+def test_concurrent_engine_calls_equal_sequential_ones(engine: DenseEncoder) -> None:
+    """DenseEncoder.concurrent_calls: two threads encoding at once get the same vectors."""
+    import threading
+
+    batches = [[f"text {i} " * (1 + (i * j) % 30) for i in range(1 + j % 7)] for j in range(24)]
+    kw = {"output_types": ["dense"], "options": {"normalize": True}}
+    want = [engine.encode(b, **kw)["dense"] for b in batches]
+    got: dict[int, np.ndarray] = {}
+    errors: list[BaseException] = []
+
+    def run(part: int) -> None:
+        try:
+            for j in range(part, len(batches), 2):
+                got[j] = engine.encode(batches[j], **kw)["dense"]
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for j, w in enumerate(want):
+        np.testing.assert_allclose(got[j], w, atol=1e-6)

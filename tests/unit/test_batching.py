@@ -125,3 +125,77 @@ def test_padding_plan_is_a_permutation_and_saves_padding() -> None:
     assert len(plan_padding_chunks([20] * 32)) == 1
     chunks = plan_padding_chunks([5] * 20 + [200] * 12)
     assert sorted(len(c) for c in chunks) == [12, 20]
+
+
+class Overlap:
+    """run_batch that sleeps and records how many calls overlapped at most."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.lock = threading.Lock()
+        self.active = 0
+        self.most = 0
+        self.finished = 0
+        self.two_running = threading.Event()
+
+    def __call__(self, key: Hashable, payloads: Sequence[str]) -> list[str]:
+        with self.lock:
+            self.active += 1
+            self.most = max(self.most, self.active)
+            if self.active >= 2:
+                self.two_running.set()
+        time.sleep(self.delay_s)
+        with self.lock:
+            self.active -= 1
+            self.finished += 1
+        return [p.upper() for p in payloads]
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+async def test_engine_slots_bound_concurrent_engine_calls(slots: int) -> None:
+    """sie.engines.threads: up to ``limiter.total_tokens`` engine calls at once."""
+    engine = Overlap(0.15)
+    b = TokenBudgetBatcher(
+        engine,
+        max_batch_tokens=100,
+        max_batch_requests=2,
+        max_wait_s=0.001,
+        limiter=anyio.CapacityLimiter(slots),
+    )
+    t0 = time.monotonic()
+    out = await run_with(b, [(f"t{i}", 1, None) for i in range(6)])
+    elapsed = time.monotonic() - t0
+    assert out == [f"T{i}" for i in range(6)]
+    assert engine.most == slots
+    if slots == 1:  # 3 calls of 0.15 s, one after another
+        assert elapsed >= 0.44
+
+
+async def test_a_batch_forms_only_when_a_slot_is_free() -> None:
+    """While every slot is busy, arrivals wait and then leave together in one call."""
+    rec = Recorder(delay_s=0.2)
+    b = TokenBudgetBatcher(rec, max_batch_tokens=100, max_wait_s=0.001, coalesce_s=0.0005)
+    async with anyio.create_task_group() as tg:
+        await tg.start(b.run)
+        async with anyio.create_task_group() as inner:
+            inner.start_soon(b.submit, "first", 1)
+            await anyio.sleep(0.05)  # "first" is on the engine now
+            for i in range(5):
+                inner.start_soon(b.submit, f"later{i}", 1)
+        tg.cancel_scope.cancel()
+    assert [len(ps) for _, ps in rec.calls] == [1, 5]
+
+
+async def test_cancelling_the_loop_waits_for_engine_calls_in_flight() -> None:
+    engine = Overlap(0.3)
+    b = TokenBudgetBatcher(
+        engine, max_batch_tokens=100, max_batch_requests=1, limiter=anyio.CapacityLimiter(2)
+    )
+    async with anyio.create_task_group() as tg:
+        await tg.start(b.run)
+        tg.start_soon(b.submit, "a", 1)
+        tg.start_soon(b.submit, "b", 1)
+        # both calls are running on threads
+        assert await anyio.to_thread.run_sync(engine.two_running.wait, 2)
+        tg.cancel_scope.cancel()
+    assert engine.finished == 2 and engine.active == 0  # run returned after both ended

@@ -46,7 +46,17 @@ class FakeEngine:
         return SIZES.get(self.name, MB)
 
 
-def entries(*names: str) -> dict[str, ModelEntry]:
+class ConcurrentEngine(FakeEngine):
+    """Declares thread-safe task calls (sie.engines.threads); records call overlap."""
+
+    concurrent_calls = 4
+    events: list[str] = []
+
+    def unload(self) -> None:
+        ConcurrentEngine.events.append("unload")
+
+
+def entries(*names: str, engine: str = "FakeEngine") -> dict[str, ModelEntry]:
     reg = ModelRegistry()
     reg.install_bundles([parse_bundle({"name": "default", "priority": 1, "adapters": [MODULE]})])
     for n in names:
@@ -57,7 +67,7 @@ def entries(*names: str) -> dict[str, ModelEntry]:
                     "hf_id": n,
                     "tasks": {"encode": {"dense": {"dim": 4}}},
                     "profiles": {
-                        "default": {"adapter_path": f"{MODULE}:FakeEngine", "max_batch_tokens": 64}
+                        "default": {"adapter_path": f"{MODULE}:{engine}", "max_batch_tokens": 64}
                     },
                 }
             )
@@ -166,4 +176,56 @@ async def test_failures_permanent_stick_transient_retry_others_unaffected() -> N
         assert err["error_class"] == "OOM" and err["permanent"] is True and err["attempts"] == 1
         assert stats["perm"]["state"] == "failed" and "last_error" not in stats["temp"]
         assert loaded(c) == {"temp", "fine"}
+        tg.cancel_scope.cancel()
+
+
+async def test_engine_calls_overlap_and_unload_waits_for_them() -> None:
+    """Up to ``engine_concurrency`` calls of a thread-safe engine run at once; unloading
+    waits until every call in flight has returned (never unload under a running call)."""
+    import threading
+    import time
+
+    lock = threading.Lock()
+    active = {"now": 0, "most": 0}
+    two_running = threading.Event()
+
+    def slow_batch(engine: Any) -> Any:
+        def run(key: Hashable, payloads: Sequence[Any]) -> list[Any]:
+            with lock:
+                active["now"] += 1
+                active["most"] = max(active["most"], active["now"])
+                if active["now"] >= 2:
+                    two_running.set()
+            time.sleep(0.3)
+            with lock:
+                active["now"] -= 1
+            ConcurrentEngine.events.append("call done")
+            return list(payloads)
+
+        return run
+
+    ConcurrentEngine.events = []
+    e = entries("cc", engine="ConcurrentEngine")["cc"]
+    c = ModelCache(
+        allowed_modules=[MODULE], run_batch=slow_batch, engine_concurrency=2, max_batch_requests=1
+    )
+    async with anyio.create_task_group() as tg:
+        await tg.start(c.run)
+        model = await c.get(e)
+        assert model.limiter.total_tokens == 2
+        for i in range(2):
+            tg.start_soon(model.batcher.submit, f"x{i}", 1)
+        assert await anyio.to_thread.run_sync(two_running.wait, 2)
+        await c.unload("cc")
+        assert ConcurrentEngine.events == ["call done", "call done", "unload"]
+        assert active["most"] == 2
+        tg.cancel_scope.cancel()
+
+
+async def test_engines_without_the_declaration_keep_one_slot() -> None:
+    e = entries("plain")["plain"]
+    c = cache(engine_concurrency=4)
+    async with anyio.create_task_group() as tg:
+        await tg.start(c.run)
+        assert (await c.get(e)).limiter.total_tokens == 1
         tg.cancel_scope.cancel()
