@@ -101,11 +101,19 @@ def trace_st_encoder(model: Any) -> TracedEncoder | None:
                 kwargs = dict(zip(names, tensors, strict=True))
                 return self.inner(**kwargs, return_dict=True)["last_hidden_state"]
 
-        with torch.inference_mode(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # tracer notes on Python-side branches
-            traced = torch.jit.trace(  # type: ignore[no-untyped-call]
-                _Forward(hf).eval(), tuple(example[k] for k in names), check_trace=False
-            )
+        # The tracer reads every module attribute, properties included: transformers
+        # then logs about a loss function inference never uses. Quiet it meanwhile.
+        hf_log = logging.getLogger("transformers.modeling_utils")
+        level = hf_log.level
+        hf_log.setLevel(logging.ERROR)
+        try:
+            with torch.inference_mode(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # tracer notes on Python-side branches
+                traced = torch.jit.trace(  # type: ignore[no-untyped-call]
+                    _Forward(hf).eval(), tuple(example[k] for k in names), check_trace=False
+                )
+        finally:
+            hf_log.setLevel(level)
         encoder = TracedEncoder(model, traced, names)
         probes = [
             ["warm-up"],  # no padding

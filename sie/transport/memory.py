@@ -101,9 +101,14 @@ class _Stream:
             if first.stored_at >= cutoff:
                 break
             del self.msgs[first.seq]
+        # ids are inserted in time order: drop expired ones from the front, O(expired)
+        # per call (rebuilding the dict cost O(window) on every publish at steady state)
         window = now - self.config.duplicate_window_s
-        if self.dedupe and next(iter(self.dedupe.values()))[1] < window:
-            self.dedupe = {k: v for k, v in self.dedupe.items() if v[1] >= window}
+        while self.dedupe:
+            oldest = next(iter(self.dedupe))
+            if self.dedupe[oldest][1] >= window:
+                break
+            del self.dedupe[oldest]
 
 
 class _MemJsMsg:
