@@ -53,7 +53,10 @@ def test_a_full_engine_parks_then_rejects_and_frees_again(gated: Stack) -> None:
     def hog() -> None:  # holds the only slot until told to stop
         body = {
             "model": LLM,
-            "messages": [{"role": "user", "content": "Tell me a very long story."}],
+            # greedy SmolLM2 ends a "long story" after ~70 tokens; this list runs > 500
+            "messages": [
+                {"role": "user", "content": "List 300 different animals, one per line, numbered."}
+            ],
             "max_tokens": 1000,
             "stream": True,
         }
