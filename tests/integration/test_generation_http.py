@@ -181,6 +181,7 @@ def test_disconnect_aborts_in_the_engine(c: httpx.Client, gstack: Stack) -> None
         "model": LLM,
         "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
         "max_tokens": 400,
+        "temperature": 0,  # greedy: long and deterministic
         "stream": True,
     }
     with c.stream("POST", "/v1/chat/completions", json=body) as r:

@@ -98,6 +98,7 @@ def test_cancelled_stream_frees_the_remote_worker(two_workers: tuple[Stack, list
         "model": LLM,
         "messages": [{"role": "user", "content": "Tell me a very long story."}],
         "max_tokens": 500,
+        "temperature": 0,  # greedy: long and deterministic
         "stream": True,
     }
     with httpx.stream("POST", f"{front.base_url}/v1/chat/completions", json=body, timeout=120) as r:
