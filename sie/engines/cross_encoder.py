@@ -24,7 +24,7 @@ from typing import Any
 
 from sie.core.config import ModelConfig, ResolvedProfile
 from sie.core.errors import InferenceError, InvalidInput, ModelLoadFailed
-from sie.engines.sentence_transformers import load_st_model
+from sie.engines.sentence_transformers import load_st_model, probe_loaded
 from sie.engines.tokens import torch_bytes
 
 __all__ = ["ACTIVATIONS", "CrossEncoderScorer"]
@@ -68,14 +68,10 @@ class CrossEncoderScorer:
             )
         model.eval()
         self._activations = {"none": torch.nn.Identity(), "sigmoid": torch.nn.Sigmoid()}
-        try:  # warm-up: torch's lazy init, and the tokenizer's settings, before any request
-            model.predict([["warm", "up"]], show_progress_bar=False)
-        except Exception as exc:
-            raise ModelLoadFailed(
-                f"model {self.config.sie_id!r} loaded but cannot score: {exc}",
-                error_class="UNKNOWN",
-                permanent=True,
-            ) from exc
+        # warm-up: torch's lazy init, and the tokenizer's settings, before any request
+        probe_loaded(
+            self.config, "score", lambda: model.predict([["warm", "up"]], show_progress_bar=False)
+        )
         self._model = model
 
     def unload(self) -> None:

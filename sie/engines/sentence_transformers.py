@@ -13,8 +13,8 @@ torch and sentence-transformers are imported in ``load`` only (extra ``st``).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -27,13 +27,32 @@ from sie.engines.tokens import counting_tokenizer, torch_bytes
 from sie.engines.torchscript import TracedEncoder, trace_st_encoder
 from sie.engines.weights import resolve_weights
 
-__all__ = ["DenseEncoder", "SparseEncoder"]
+T = TypeVar("T")
+
+__all__ = ["DenseEncoder", "SparseEncoder", "load_st_model", "probe_loaded"]
 
 
 def _l2(x: np.ndarray) -> np.ndarray:
     """Rows of ``x`` scaled to unit length (zero rows stay zero)."""
     norm = np.linalg.norm(x, axis=-1, keepdims=True)
     return (x / np.where(norm > 0, norm, 1.0)).astype(np.float32)
+
+
+def probe_loaded(config: ModelConfig, task: str, call: Callable[[], T]) -> T:
+    """Run one small ``call`` on a just-loaded model (a warm-up or a measurement) and
+    return its result.
+
+    Raises:
+        ModelLoadFailed: the call failed (permanent: the weights load but cannot ``task``).
+    """
+    try:
+        return call()
+    except Exception as exc:
+        raise ModelLoadFailed(
+            f"model {config.sie_id!r} loaded but cannot {task}: {exc}",
+            error_class="UNKNOWN",
+            permanent=True,
+        ) from exc
 
 
 def load_st_model(
@@ -121,14 +140,10 @@ class DenseEncoder:
         self._dim = int(get_dim())
         _check_declared_dim(self.config, "dense", self._dim)
         self._counter = counting_tokenizer(model.tokenizer)
-        try:  # warm-up: torch's lazy init, and the tokenizer's settings, before any request
-            model.encode(["warm-up"], show_progress_bar=False)
-        except Exception as exc:
-            raise ModelLoadFailed(
-                f"model {self.config.sie_id!r} loaded but cannot encode: {exc}",
-                error_class="UNKNOWN",
-                permanent=True,
-            ) from exc
+        # warm-up: torch's lazy init, and the tokenizer's settings, before any request
+        probe_loaded(
+            self.config, "encode", lambda: model.encode(["warm-up"], show_progress_bar=False)
+        )
         # CPU: the transformer as one GIL-free call when it matches eager exactly
         self._traced = trace_st_encoder(model) if self.device.startswith("cpu") else None
 
@@ -306,14 +321,11 @@ class SparseEncoder(DenseEncoder):
         self._model = model
         # the output width is the MLM vocabulary; get_embedding_dimension() reports the
         # last module's hidden size for some checkpoints, so measure it once
-        try:
-            self._dim = int(model.encode(["probe"], convert_to_sparse_tensor=True).shape[-1])
-        except Exception as exc:
-            raise ModelLoadFailed(
-                f"model {self.config.sie_id!r} loaded but cannot encode: {exc}",
-                error_class="UNKNOWN",
-                permanent=True,
-            ) from exc
+        self._dim = probe_loaded(
+            self.config,
+            "encode",
+            lambda: int(model.encode(["probe"], convert_to_sparse_tensor=True).shape[-1]),
+        )
         _check_declared_dim(self.config, "sparse", self._dim)
         self._counter = counting_tokenizer(model.tokenizer)
 
