@@ -152,6 +152,8 @@ class Container:
         s = self.settings
         policy = auth_policy(s)
         running = Running(None, self.bus)
+        # the config listener outlives the gateway's drain: co-located pollers use it
+        config_stop = anyio.Event()
         async with self.bus, anyio.create_task_group() as roles:
             async with anyio.create_task_group() as http:
                 # config first: co-located gateway/worker sync from its real port
@@ -161,7 +163,13 @@ class Container:
                     capp = build_config_app(running.config, self.metrics, policy)
                     running.apps["config"] = capp
                     running.config_port = await http.start(
-                        _serve, capp, s.host, s.config_port, shutdown, "config", s.drain_timeout_s
+                        _serve,
+                        capp,
+                        s.host,
+                        s.config_port,
+                        config_stop,
+                        "config",
+                        s.drain_timeout_s,
                     )
                 running.config_url = s.config_service_url or (
                     _local_url(s.host, running.config_port) if running.config_port else None
@@ -189,7 +197,14 @@ class Container:
                     app = build_gateway_app(running.gateway, self.metrics, policy)
                     running.apps["gateway"] = app
                     running.gateway_port = await http.start(
-                        _serve, app, s.host, s.port, shutdown, "gateway", s.drain_timeout_s
+                        _serve,
+                        app,
+                        s.host,
+                        s.port,
+                        shutdown,
+                        "gateway",
+                        s.drain_timeout_s,
+                        config_stop,
                     )
                 running.registry = (
                     running.gateway.registry
@@ -204,7 +219,19 @@ class Container:
                 await shutdown.wait()
                 for app in running.apps.values():
                     app.state.draining = True
+                if running.gateway is None:
+                    config_stop.set()
+                else:  # cancelled with the roles once the drain is over
+                    roles.start_soon(_give_up_before_drain_ends, running.gateway, s.drain_timeout_s)
             roles.cancel_scope.cancel()
+
+
+async def _give_up_before_drain_ends(gateway: GatewayRole, drain_s: float) -> None:
+    """Near the end of the drain, requests still waiting for workers answer 503
+    ``SHUTTING_DOWN`` while the listener can still send it (at the drain bound the
+    server cancels them, and a client would see a bare 500)."""
+    await anyio.sleep(max(0.0, drain_s - 1.0) if drain_s >= 2.0 else drain_s / 2)
+    gateway.give_up_waiting()
 
 
 async def _serve(
@@ -214,9 +241,21 @@ async def _serve(
     shutdown: anyio.Event,
     name: str,
     drain_s: float,
+    stopped: anyio.Event | None = None,
     *,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    await serve_app(
-        app, host, port, shutdown, name=name, graceful_timeout_s=drain_s, task_status=task_status
-    )
+    """Serve ``app`` until ``shutdown`` and its drain end; then set ``stopped``."""
+    try:
+        await serve_app(
+            app,
+            host,
+            port,
+            shutdown,
+            name=name,
+            graceful_timeout_s=drain_s,
+            task_status=task_status,
+        )
+    finally:
+        if stopped is not None:
+            stopped.set()

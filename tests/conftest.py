@@ -101,6 +101,7 @@ class Stack:
     portal: BlockingPortal
     settings: ServeSettings
     metrics: Metrics
+    shutdown: anyio.Event  # set it (through the portal) to start the drain early
 
 
 @contextmanager
@@ -132,7 +133,12 @@ def run_stack(*, wait_worker: bool = True, **overrides: Any) -> Iterator[Stack]:
                     time.sleep(0.05)
                 assert running.worker.ready, "worker did not become ready"
             yield Stack(
-                f"http://127.0.0.1:{running.gateway_port}", running, portal, settings, metrics
+                f"http://127.0.0.1:{running.gateway_port}",
+                running,
+                portal,
+                settings,
+                metrics,
+                shutdown,
             )
         finally:
             portal.call(shutdown.set)

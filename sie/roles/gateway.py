@@ -28,6 +28,7 @@ from sie.core.errors import (
     InferenceError,
     InvalidInput,
     Provisioning,
+    ShuttingDown,
     SieError,
     WireError,
     error_for_code,
@@ -139,6 +140,7 @@ class GatewayRole:
         self.settings = settings
         self.router_id = settings.router_id
         self._pending: dict[str, _Collector] = {}
+        self._given_up = False
         self.late_results = 0
         # per-lane in-flight items, admission decisions and pending demand (§2)
         self.lanes = LaneTelemetry(metrics)
@@ -605,21 +607,36 @@ class GatewayRole:
             wait_s = timeout_s or self.settings.request_timeout_s
             try:
                 with anyio.fail_after(wait_s):
-                    await col.done.wait()
+                    if not self._given_up:
+                        await col.done.wait()
             except TimeoutError:
                 got = sum(r is not None for r in col.results)
                 raise GatewayTimeout(
                     f"no worker result within {wait_s:g}s ({got}/{n} items arrived)",
                     request_id=request_id,
                 ) from None
+            if col.remaining:
+                raise ShuttingDown(
+                    f"the gateway is shutting down ({n - col.remaining}/{n} items arrived); "
+                    "retry on another replica",
+                    request_id=request_id,
+                )
         finally:
             self._pending.pop(request_id, None)
             self.lanes.add_in_flight(lane, -n)
-            if published and not col.done.is_set():
+            if published and col.remaining:
                 await self._abandon(request_id)
         results = [r for r in col.results if r is not None]
         self._raise_failures(results)
         return Collected(request_id, entry, results, publish_ms, (time.monotonic() - t0) * 1000.0)
+
+    def give_up_waiting(self) -> None:
+        """End of the shutdown drain: every request still waiting for worker results
+        answers 503 ``SHUTTING_DOWN`` (Retry-After 5) now, while the listener can still
+        send it, and later ones at once. Workers get ``work_cancel`` for their items."""
+        self._given_up = True
+        for col in self._pending.values():
+            col.done.set()
 
     async def _abandon(self, request_id: str) -> None:
         """Best-effort ``work_cancel`` so workers drop this request's remaining items (§8)."""
