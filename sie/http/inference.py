@@ -123,6 +123,12 @@ async def encode(request: Request) -> Response:
         output_types = [
             str(t) for t in params.output_types or options.pop("output_types", None) or []
         ] or None
+        if entry.config.tasks.encode is None:  # e.g. a reranker, a tagger or an LLM
+            raise InvalidInput(
+                f"model {model!r} does not support encoding (it offers "
+                f"{entry.config.outputs or 'no task'})",
+                field="model",
+            )
         wanted = output_types or entry.profile.runtime.get("output_types") or ["dense"]
         unsupported = [t for t in wanted if t not in entry.config.outputs]
         if unsupported:

@@ -355,6 +355,20 @@ def test_error_responses_carry_ids_and_plain_words(client: httpx.Client) -> None
     assert len(bad.json()["detail"]["message"]) > len("malformed msgpack body: ")
 
 
+@pytest.mark.parametrize(
+    ("model", "offers"),
+    [("nationaldesignstudio/rampart", "json"), ("HuggingFaceTB/SmolLM2-135M-Instruct", "text")],
+)
+def test_a_model_without_an_encode_task_is_named(
+    client: httpx.Client, model: str, offers: str
+) -> None:
+    r = client.post(f"/v1/encode/{model}", json={"items": [{"text": "a"}]})
+    assert r.status_code == 400, r.text
+    detail = r.json()["detail"]
+    assert detail["code"] == "INVALID_INPUT" and detail["field"] == "model"
+    assert "does not support encoding" in detail["message"] and offers in detail["message"]
+
+
 def test_unknown_model_and_route(client: httpx.Client) -> None:
     r = client.post("/v1/encode/no/such-model", json={"items": [{"text": "a"}]})
     assert r.status_code == 404 and r.json()["detail"]["code"] == "MODEL_NOT_FOUND"
