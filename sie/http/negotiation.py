@@ -9,6 +9,7 @@ gateway default, reference §9 item 1).
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,13 @@ def _media(value: str) -> tuple[str, dict[str, str]]:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):  # e.g. 1e999999: JSON has no infinity
+        raise ValueError(f"number {literal[:40]} is out of range")
+    return value
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
@@ -97,7 +105,7 @@ async def read_payload(request: Request, max_bytes: int) -> Any:
         text: str | bytes = body
         if charset and charset.replace("-", "") not in ("utf8", "utf16", "utf32"):
             text = body.decode(charset)
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except (ValueError, UnicodeDecodeError, LookupError, RecursionError) as exc:
         raise WireError(f"malformed JSON body: {exc}", field="body") from exc
 

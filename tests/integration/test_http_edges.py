@@ -67,6 +67,8 @@ def test_content_types_and_charsets(client: httpx.Client) -> None:
     assert r.status_code == 200
     r = client.post(URL, content=b'{"items": [{"text": "x"}], "params": {"options": {"w": NaN}}}')
     assert r.status_code == 400 and "NaN" in r.json()["detail"]["message"]
+    r = client.post(URL, content=b'{"items": [{"text": "x"}], "params": {"options": {"w": 1e999}}}')
+    assert r.status_code == 400 and "out of range" in r.json()["detail"]["message"]
     r = client.post(URL, content=b"\xc1", headers={"Content-Type": "application/msgpack"})
     assert r.json()["detail"]["field"] == "body"
 
