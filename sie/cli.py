@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import anyio
 
-from sie import __version__
+from sie import __version__, gc_policy
 from sie.core.errors import SieError
 from sie.settings import ServeSettings
 
@@ -135,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    gc_policy.configure()  # short, rare collector pauses (docs/security.md "Liveness")
     if "worker" in settings.roles:
         # Engines run on threads that need the GIL between tensor ops; a short switch
         # interval hands it back quickly while the event loop is busy (bench_encode.py).

@@ -20,14 +20,17 @@ from starlette.applications import Starlette
 from sie.control.seed import load_bundles, load_models
 from sie.core.errors import ConfigError, SieError
 from sie.core.registry import ModelRegistry
+from sie.gc_policy import freeze_long_lived
 from sie.http.auth import AuthPolicy, audit_auth
 from sie.http.config import build_config_app
 from sie.http.gateway import build_gateway_app
+from sie.http.limits import BodyBudget
 from sie.http.server import serve_app
+from sie.roles._trust import config_trust
 from sie.roles.config import ConfigRole
 from sie.roles.gateway import GatewayRole
 from sie.roles.worker import WorkerRole
-from sie.settings import ServeSettings
+from sie.settings import ServeSettings, is_loopback
 from sie.telemetry import METRICS, Metrics
 from sie.transport.base import Bus
 from sie.transport.memory import MemoryBus
@@ -91,7 +94,7 @@ class Running:
 
 def auth_policy(settings: ServeSettings) -> AuthPolicy:
     return AuthPolicy(
-        mode=settings.auth_mode,
+        mode=settings.effective_auth_mode,
         tokens=tuple(settings.inference_tokens()),
         admin_token=settings.admin(),
         exempt_operational=settings.auth_exempt_operational,
@@ -136,8 +139,17 @@ class Container:
                 "/v1/configs/export without the admin token, so %s cannot bootstrap from it",
                 " and ".join(sorted(syncs)),
             )
+        if settings.auth_mode == "none" and not is_loopback(settings.host):
+            log.warning(
+                "auth is off (SIE_AUTH_MODE=none) on %s: anyone who reaches this address "
+                "can run inference, read configs and write them",
+                settings.host,
+            )
         if settings.config_trust_any_producer:
             log.warning("SIE_NATS_CONFIG_TRUST_ANY_PRODUCER is on: any config delta is applied")
+        # what config writers may ask of workers: checked at write (config role) and at
+        # every load (worker); docs/security.md "Trust model"
+        self.trust = config_trust(settings) if {"config", "worker"} & set(settings.roles) else None
 
     def _seed_registry(self) -> ModelRegistry:
         return self._registry if self._registry is not None else build_registry(self.settings)
@@ -152,15 +164,18 @@ class Container:
         s = self.settings
         policy = auth_policy(s)
         running = Running(None, self.bus)
+        budget = BodyBudget(s.max_inflight_body_bytes)  # one per process (docs/security.md)
         # the config listener outlives the gateway's drain: co-located pollers use it
         config_stop = anyio.Event()
         async with self.bus, anyio.create_task_group() as roles:
             async with anyio.create_task_group() as http:
                 # config first: co-located gateway/worker sync from its real port
                 if "config" in s.roles:
-                    running.config = ConfigRole(s, self.bus, self.metrics)
+                    running.config = ConfigRole(s, self.bus, self.metrics, trust=self.trust)
                     await roles.start(running.config.run)
-                    capp = build_config_app(running.config, self.metrics, policy)
+                    capp = build_config_app(
+                        running.config, self.metrics, policy, budget, s.http_body_timeout_s
+                    )
                     running.apps["config"] = capp
                     running.config_port = await http.start(
                         _serve,
@@ -170,6 +185,7 @@ class Container:
                         config_stop,
                         "config",
                         s.drain_timeout_s,
+                        s.http_header_timeout_s,
                     )
                 running.config_url = s.config_service_url or (
                     _local_url(s.host, running.config_port) if running.config_port else None
@@ -191,10 +207,11 @@ class Container:
                         s,
                         self.metrics,
                         config_service_url=running.config_url,
+                        trust=self.trust,
                     )
                     await roles.start(running.worker.run)
                 if running.gateway is not None:
-                    app = build_gateway_app(running.gateway, self.metrics, policy)
+                    app = build_gateway_app(running.gateway, self.metrics, policy, budget)
                     running.apps["gateway"] = app
                     running.gateway_port = await http.start(
                         _serve,
@@ -204,6 +221,7 @@ class Container:
                         shutdown,
                         "gateway",
                         s.drain_timeout_s,
+                        s.http_header_timeout_s,
                         config_stop,
                     )
                 running.registry = (
@@ -215,6 +233,7 @@ class Container:
                     if running.config
                     else None
                 )
+                freeze_long_lived()  # imports and seed state live as long as the process
                 task_status.started(running)
                 await shutdown.wait()
                 for app in running.apps.values():
@@ -241,6 +260,7 @@ async def _serve(
     shutdown: anyio.Event,
     name: str,
     drain_s: float,
+    header_timeout_s: float,
     stopped: anyio.Event | None = None,
     *,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
@@ -254,6 +274,7 @@ async def _serve(
             shutdown,
             name=name,
             graceful_timeout_s=drain_s,
+            header_timeout_s=header_timeout_s,
             task_status=task_status,
         )
     finally:

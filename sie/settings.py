@@ -7,16 +7,28 @@ Units are in the names (``_s`` seconds, ``_bytes``).
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-__all__ = ["ENV_VARS", "ROLES", "ServeSettings"]
+__all__ = ["AUTH_MODES", "ENV_VARS", "ROLES", "ServeSettings", "is_loopback"]
 
 ROLES = ("gateway", "config", "worker")
+AUTH_MODES = ("none", "token", "static")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a hostname: it may resolve to any interface
 
 
 class ServeSettings(BaseModel):
@@ -48,6 +60,11 @@ class ServeSettings(BaseModel):
     max_items_per_request: int = Field(default=4096, gt=0)
     max_text_chars: int = Field(default=1_000_000, gt=0)
     drain_timeout_s: float = Field(default=25.0, ge=0)
+    # HTTP limits (docs/security.md "Limits"; sie.http.limits, sie.http.server)
+    max_inflight_body_bytes: int = Field(default=1024 * 1024 * 1024, gt=0)
+    http_header_timeout_s: float = Field(default=15.0, gt=0)
+    http_body_timeout_s: float = Field(default=60.0, gt=0)
+    max_large_body_reads: int = Field(default=4, ge=1)
     # backpressure (architecture §2)
     max_stream_pending: int = Field(default=50_000, gt=0)
     max_lane_in_flight_items: int = Field(default=10_000, gt=0)
@@ -78,13 +95,26 @@ class ServeSettings(BaseModel):
     config_store_dir: str | None = None
     config_restore: bool = False
     config_producer_id: str = Field(default_factory=lambda: f"sie-config-{socket.gethostname()}")
+    # most models the config authority holds before refusing new ones (409
+    # MODEL_LIMIT_EXCEEDED; docs/security.md "Config role")
+    config_max_models: int = Field(default=1_000, ge=1)
     # config sync on gateways and workers (architecture §4, §13 "Gateway")
     config_service_url: str | None = None
     config_poll_interval_s: float = Field(default=30.0, gt=0)
     config_trusted_producers: tuple[str, ...] = ("sie-config",)
     config_trust_any_producer: bool = False
-    # auth (architecture §3 step 1, §13)
-    auth_mode: str = "none"
+    # what config writers may ask of workers (docs/security.md "Trust model"; sie.core.trust):
+    # weights_path roots (empty: the model caches and shipped weight packages), remote
+    # code, upstream URL prefixes, env var names for api_key_env (their values, captured
+    # by from_env, never a config-named lookup)
+    weights_roots: tuple[str, ...] = ()
+    allow_trust_remote_code: bool = False
+    upstream_base_urls: tuple[str, ...] = ()
+    upstream_api_key_envs: tuple[str, ...] = ()
+    upstream_api_keys: dict[str, SecretStr] = Field(default_factory=dict, repr=False)
+    # auth (architecture §3 step 1, §13; docs/security.md "Authentication"): unset is
+    # "none" on a loopback address; any other address needs it stated
+    auth_mode: Literal["none", "token", "static"] | None = None
     auth_token: SecretStr | None = None
     auth_tokens: tuple[SecretStr, ...] = ()
     admin_token: SecretStr | None = None
@@ -96,6 +126,33 @@ class ServeSettings(BaseModel):
     admission_observe_models: tuple[str, ...] = ()
     admission_poll_interval_s: float = Field(default=2.0, gt=0)
     admission_keepalive_s: float = Field(default=15.0, gt=0)
+
+    @field_validator("auth_mode", mode="before")
+    @classmethod
+    def _auth_mode(cls, v: object) -> object:
+        if isinstance(v, str):
+            mode = v.strip().lower()
+            if mode not in AUTH_MODES:  # fail closed: a typo never turns auth off
+                raise ValueError(
+                    f"SIE_AUTH_MODE={v!r} is not one of {', '.join(AUTH_MODES)}; refusing to start"
+                )
+            return mode
+        return v
+
+    @model_validator(mode="after")
+    def _auth_on_open_address(self) -> ServeSettings:
+        if self.auth_mode is None and not is_loopback(self.host):
+            raise ValueError(
+                f"listening on {self.host} (not a loopback address) with auth unset: set "
+                "SIE_AUTH_MODE=token with SIE_AUTH_TOKEN and SIE_ADMIN_TOKEN, or state "
+                "SIE_AUTH_MODE=none to serve without auth"
+            )
+        return self
+
+    @property
+    def effective_auth_mode(self) -> str:
+        """``auth_mode`` with unset read as ``none``."""
+        return self.auth_mode or "none"
 
     @field_validator("roles", mode="before")
     @classmethod
@@ -121,6 +178,37 @@ class ServeSettings(BaseModel):
     def _csv_any(cls, v: object) -> object:
         if isinstance(v, str):
             return tuple(x.strip() for x in v.split(",") if x.strip())
+        return v
+
+    @field_validator("weights_roots", "upstream_base_urls", "upstream_api_key_envs", mode="before")
+    @classmethod
+    def _csv_trust(cls, v: object) -> object:
+        if isinstance(v, str):
+            return tuple(x.strip() for x in v.split(",") if x.strip())
+        return v
+
+    @field_validator("upstream_base_urls")
+    @classmethod
+    def _upstream_urls(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        from sie.core.trust import parse_upstream_url
+
+        for url in v:
+            try:
+                parse_upstream_url(url)
+            except ValueError as exc:
+                raise ValueError(f"SIE_UPSTREAM_BASE_URLS entry {url!r} {exc}") from exc
+        return v
+
+    @field_validator("upstream_api_key_envs")
+    @classmethod
+    def _api_key_envs(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"SIE_UPSTREAM_API_KEY_ENVS: {name!r} is not a variable name")
+            if name in ENV_VARS:  # SIE_ADMIN_TOKEN, SIE_AUTH_TOKEN...: never sent upstream
+                raise ValueError(
+                    f"SIE_UPSTREAM_API_KEY_ENVS: {name!r} is an SIE setting, not an upstream key"
+                )
         return v
 
     @field_validator("auth_token", "admin_token", mode="before")
@@ -154,10 +242,19 @@ class ServeSettings(BaseModel):
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], **overrides: object) -> ServeSettings:
-        """Settings from ``env`` (``ENV_VARS``), then explicit ``overrides`` (flags) win."""
+        """Settings from ``env`` (``ENV_VARS``), then explicit ``overrides`` (flags) win.
+
+        The values of the variables ``SIE_UPSTREAM_API_KEY_ENVS`` names are captured here
+        into ``upstream_api_keys`` (unset or empty ones are left out), so no other code
+        reads a config-named variable.
+        """
         values: dict[str, object] = {f: env[k] for k, f in ENV_VARS.items() if env.get(k, "") != ""}
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.model_validate(values)
+        settings = cls.model_validate(values)
+        if "upstream_api_keys" not in values and settings.upstream_api_key_envs:
+            keys = {n: env[n] for n in settings.upstream_api_key_envs if env.get(n)}
+            settings = cls.model_validate({**values, "upstream_api_keys": keys})
+        return settings
 
 
 #: Every SIE_* variable `sie serve` reads, and the setting it fills.
@@ -183,6 +280,10 @@ ENV_VARS: dict[str, str] = {
     "SIE_MAX_ITEMS_PER_REQUEST": "max_items_per_request",
     "SIE_MAX_TEXT_CHARS": "max_text_chars",
     "SIE_DRAIN_TIMEOUT_S": "drain_timeout_s",
+    "SIE_MAX_INFLIGHT_BODY_BYTES": "max_inflight_body_bytes",
+    "SIE_HTTP_HEADER_TIMEOUT_S": "http_header_timeout_s",
+    "SIE_HTTP_BODY_TIMEOUT_S": "http_body_timeout_s",
+    "SIE_MAX_LARGE_BODY_READS": "max_large_body_reads",
     "SIE_GATEWAY_MAX_STREAM_PENDING": "max_stream_pending",
     "SIE_GATEWAY_MAX_LANE_IN_FLIGHT_ITEMS": "max_lane_in_flight_items",
     "SIE_GATEWAY_LANE_BACKPRESSURE_ENFORCE": "lane_backpressure_enforce",
@@ -205,10 +306,15 @@ ENV_VARS: dict[str, str] = {
     "SIE_CONFIG_STORE_DIR": "config_store_dir",
     "SIE_CONFIG_RESTORE": "config_restore",
     "SIE_CONFIG_PRODUCER_ID": "config_producer_id",
+    "SIE_CONFIG_MAX_MODELS": "config_max_models",
     "SIE_CONFIG_SERVICE_URL": "config_service_url",
     "SIE_CONFIG_POLL_INTERVAL_S": "config_poll_interval_s",
     "SIE_NATS_CONFIG_TRUSTED_PRODUCERS": "config_trusted_producers",
     "SIE_NATS_CONFIG_TRUST_ANY_PRODUCER": "config_trust_any_producer",
+    "SIE_WEIGHTS_ROOTS": "weights_roots",
+    "SIE_ALLOW_TRUST_REMOTE_CODE": "allow_trust_remote_code",
+    "SIE_UPSTREAM_BASE_URLS": "upstream_base_urls",
+    "SIE_UPSTREAM_API_KEY_ENVS": "upstream_api_key_envs",
     "SIE_AUTH_MODE": "auth_mode",
     "SIE_AUTH_TOKEN": "auth_token",
     "SIE_AUTH_TOKENS": "auth_tokens",

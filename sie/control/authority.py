@@ -5,11 +5,18 @@
 1. (the HTTP layer has checked auth and the 1 MiB body cap)
 2. the delta publisher is configured but disconnected → 503 ``NATS_UNAVAILABLE``;
    ``Idempotency-Key`` handling (``IdempotencyCache``);
-3. pre-lock validation: YAML parse (400 ``PARSE_ERROR``), ``sie_id`` rules
-   (400 ``INVALID_MODEL_ID``) — before any state is touched;
-4. under one async write lock: merge and validate (``ModelRegistry.plan_write``:
-   422 / 409 / 422 unroutable); a no-op replay returns 200 and skips disk, epoch
-   and publish; otherwise, shielded from cancellation: persist the merged
+3. pre-lock validation, in a worker thread, one body at a time: YAML parse within
+   the bounds of docs/security.md "Limits" (``MAX_CONFIG_TOKENS`` line breaks and
+   flow separators, counted before parsing, then ``load_yaml``'s node, depth and
+   character bounds: 400 ``PARSE_ERROR``), ``sie_id`` rules (400
+   ``INVALID_MODEL_ID``) — before any state is touched;
+4. under one async write lock: a new model past ``max_models``
+   (``SIE_CONFIG_MAX_MODELS``) is refused (409 ``MODEL_LIMIT_EXCEEDED``); merge and
+   validate (``ModelRegistry.plan_write``: 422 / 409 / 409 ``MODEL_ID_CONFLICT`` /
+   422 unroutable); a no-op replay returns 200 and skips disk, epoch
+   and publish; the operator's trust policy (``sie.core.trust``, docs/security.md
+   "Trust model": weights roots, remote code, upstream URLs and key names) refuses
+   with 422 naming the field; otherwise, shielded from cancellation: persist the merged
    document and the new epoch (a store failure rolls the model file back and
    leaves registry and epoch untouched: 503 ``STORE_UNAVAILABLE``), mutate the
    registry, advance the epoch, publish one ``ConfigNotification`` per affected
@@ -29,6 +36,7 @@ from typing import Any, Protocol
 
 import anyio
 
+from sie.control.catalog import dump_limiter
 from sie.control.idempotency import IdempotencyCache, Reply
 from sie.control.store import ConfigStore
 from sie.core.config import (
@@ -42,6 +50,7 @@ from sie.core.config import (
 from sie.core.epoch import ConfigEpoch
 from sie.core.errors import (
     ContentConflict,
+    ModelLimitExceeded,
     ParseError,
     PayloadTooLarge,
     PublisherUnavailable,
@@ -51,10 +60,12 @@ from sie.core.errors import (
 from sie.core.merge import MergeResult, document_of
 from sie.core.registry import SOURCE_API, ModelRegistry
 from sie.core.subjects import config_subject
+from sie.core.trust import ConfigTrust
 from sie.core.wire import ConfigNotification
 
 __all__ = [
     "ALL_BUNDLES",
+    "DEFAULT_MAX_MODELS",
     "MAX_CONFIG_BODY_BYTES",
     "MAX_CONFIG_TOKENS",
     "ConfigAuthority",
@@ -66,9 +77,13 @@ audit = logging.getLogger("sie.audit")
 
 #: Body cap of ``POST /v1/configs/models`` (architecture §3 / reference §5.4): 1 MiB.
 MAX_CONFIG_BODY_BYTES = 1024 * 1024
-#: Structural items (lines, list/map items) one config body may have: parsing is pure
-#: Python, and a legitimate config (<= 256 profiles) is far below this.
+#: Structural items one config body may have: line breaks (``\n``, ``\r``, ``\r\n``
+#: once, NEL, LS, PS) plus ``,``, ``[`` and ``{`` (``sie.core.config.structural_tokens``),
+#: counted at C speed before the pure-Python parse; a legitimate config (<= 256
+#: profiles) is far below this (docs/security.md "Limits").
 MAX_CONFIG_TOKENS = 10_000
+#: Default most models the authority holds (``SIE_CONFIG_MAX_MODELS``).
+DEFAULT_MAX_MODELS = 1_000
 #: The gateways' copy of every delta: ``sie.config.models._all``.
 ALL_BUNDLES = "_all"
 
@@ -93,6 +108,12 @@ class ConfigAuthority:
         producer_id: this process's id on the wire (``router_id`` of each delta).
         epoch: the current epoch (loaded from the store by the caller).
         registry_error: why the registry failed to load, for the 503 message.
+        trust: what a write may ask of workers (``sie.core.trust``; docs/security.md
+            "Trust model"); default: nothing (no ``weights_path``, remote code, upstream).
+        max_models: most models the registry may hold for a write to create another
+            (``SIE_CONFIG_MAX_MODELS``; docs/security.md "Config role"). Writes to
+            existing models are never refused by it; seed and restored models count
+            but are not refused.
     """
 
     def __init__(
@@ -105,8 +126,11 @@ class ConfigAuthority:
         epoch: ConfigEpoch | None = None,
         registry_error: str | None = None,
         on_publish: Any = None,
+        trust: ConfigTrust | None = None,
+        max_models: int = DEFAULT_MAX_MODELS,
     ) -> None:
         self.registry = registry
+        self.max_models = max_models
         self.store = store
         self.publisher = publisher
         self.producer_id = producer_id
@@ -116,6 +140,7 @@ class ConfigAuthority:
         self.lock = anyio.Lock()
         self._parse_limiter = anyio.CapacityLimiter(1)
         self._on_publish = on_publish  # callable(result: str) for metrics
+        self.trust = trust if trust is not None else ConfigTrust()
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -148,18 +173,20 @@ class ConfigAuthority:
         async with self.lock:
             snap = registry.snapshot
             epoch = self.epoch.get()
-        models = []
-        for model_id in sorted(snap.configs):
-            doc = document_of(snap.configs[model_id])
-            models.append(
+
+        def rows() -> list[dict[str, Any]]:  # pure Python per model: not on the loop
+            return [
                 {
                     "model_id": model_id,
-                    "model_config": doc,
-                    "raw_yaml": dump_yaml(doc),
+                    "model_config": document_of(snap.configs[model_id]),
+                    "raw_yaml": snap.config_yaml(model_id),  # dumped once per config
                     "affected_bundles": snap.bundles_of_model(model_id),
                     "source": snap.sources.get(model_id, SOURCE_API),
                 }
-            )
+                for model_id in sorted(snap.configs)
+            ]
+
+        models = await anyio.to_thread.run_sync(rows, limiter=dump_limiter())
         return {
             "snapshot_version": 1,
             "epoch": epoch,
@@ -176,8 +203,10 @@ class ConfigAuthority:
 
         Raises:
             RegistryUnavailable, PublisherUnavailable (503); PayloadTooLarge (413);
-            ParseError, InvalidModelId (400); ValidationFailed, UnroutableModel,
-            IdempotencyMismatch (422); ContentConflict (409); StoreUnavailable (503);
+            ParseError, InvalidModelId (400); ValidationFailed (also a config the
+            operator's ``ConfigTrust`` refuses, naming the field), UnroutableModel,
+            IdempotencyMismatch (422); ContentConflict, ModelIdConflict,
+            ModelLimitExceeded (409); StoreUnavailable (503);
             IdempotentInflightCancelled (503).
         """
         self.require_registry()
@@ -195,16 +224,10 @@ class ConfigAuthority:
         return await self._write(body)
 
     def _prevalidate(self, body: bytes) -> dict[str, Any]:
+        """Runs in a worker thread. Raises: ParseError, InvalidModelId (400)."""
         if not body.strip():
             raise ParseError("body: empty; send a model config YAML document", field="body")
-        tokens = sum(body.count(c) for c in (b"\n", b",", b"[", b"{"))
-        if tokens > MAX_CONFIG_TOKENS:
-            raise ParseError(
-                f"body: {tokens} lines/items exceeds the limit of {MAX_CONFIG_TOKENS} for one "
-                "model config",
-                field="body",
-            )
-        doc = load_yaml(body, what="body")
+        doc = load_yaml(body, what="body", max_tokens=MAX_CONFIG_TOKENS)
         sie_id = doc.get("sie_id")
         if isinstance(sie_id, str):
             validate_model_id(sie_id)
@@ -215,9 +238,14 @@ class ConfigAuthority:
         # YAML parsing is pure Python: off the event loop, one document at a time
         doc = await anyio.to_thread.run_sync(self._prevalidate, body, limiter=self._parse_limiter)
         async with self.lock:
+            self._check_model_count(registry, doc.get("sie_id"))
             plan = registry.plan_write(doc, await self._stored(doc.get("sie_id")))
             if not plan.created:
                 return 200, self._reply(registry, plan, [])
+            # the operator's trust policy on the merged config (its top-level fields and
+            # the resolved loadtime of each new profile): 422 naming the field, before
+            # anything is persisted
+            self.trust.check(plan.config, plan.created)
             # the registry must accept the merged document as it stands now: checked
             # before anything is persisted, so a refusal leaves the store untouched
             registry.plan_write(document_of(plan.config))
@@ -226,6 +254,20 @@ class ConfigAuthority:
             with anyio.CancelScope(shield=True):
                 reply = await self._commit(registry, plan)
             return reply
+
+    def _check_model_count(self, registry: ModelRegistry, sie_id: Any) -> None:
+        """Raises: ModelLimitExceeded (409) when ``sie_id`` is new and the registry
+        already holds ``max_models`` models."""
+        configs = registry.snapshot.configs
+        if not isinstance(sie_id, str) or sie_id in configs or len(configs) < self.max_models:
+            return  # a missing or non-string id is plan_write's 422
+        raise ModelLimitExceeded(
+            f"the config authority holds {len(configs)} models, its limit "
+            f"(SIE_CONFIG_MAX_MODELS={self.max_models}): a new model cannot be added; "
+            "writes to existing models still work",
+            field="sie_id",
+            limit=self.max_models,
+        )
 
     async def _stored(self, sie_id: Any) -> ModelConfig | None:
         """The model's stored document, if the store holds one.
@@ -240,8 +282,11 @@ class ConfigAuthority:
         text = await anyio.to_thread.run_sync(self.store.read_model, sie_id)
         if text is None:
             return None
-        try:
-            stored = parse_model_config(text.encode(), what=f"stored model {sie_id!r}")
+        try:  # pure Python, up to about a second at the node bound: a thread
+            stored = await anyio.to_thread.run_sync(
+                lambda: parse_model_config(text.encode(), what=f"stored model {sie_id!r}"),
+                limiter=self._parse_limiter,
+            )
         except SieError as exc:
             raise ContentConflict(
                 f"the stored document for {sie_id!r} cannot be read ({exc.message}); "
@@ -260,7 +305,8 @@ class ConfigAuthority:
     async def _commit(self, registry: ModelRegistry, plan: MergeResult) -> Reply:
         model_id = plan.config.sie_id
         new_epoch = self.epoch.get() + 1
-        yaml_text = dump_yaml(plan.document)
+        # pure Python, up to about a second for a config at the node bound: a thread
+        yaml_text = await anyio.to_thread.run_sync(dump_yaml, plan.document, limiter=dump_limiter())
         if self.store is not None:
             await anyio.to_thread.run_sync(self._persist, model_id, yaml_text, new_epoch)
         registry.add_model_config(plan.config, SOURCE_API)

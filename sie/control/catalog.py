@@ -3,6 +3,12 @@
 Pure functions over a ``RegistrySnapshot``: the authority serves them from its
 authoritative registry, each gateway from its own converged copy, so in a steady
 state both views are byte-identical.
+
+A model's YAML is dumped once per served config (``RegistrySnapshot.config_yaml``)
+and, from an event loop, in a worker thread (``model_yaml_async``): a config at the
+``MAX_YAML_NODES`` bound takes about a second to dump in pure Python, which must
+not freeze a gateway's loop (docs/security.md "Config role"). Ids the client sent
+are echoed at most ``MAX_ECHO_CHARS`` long.
 """
 
 from __future__ import annotations
@@ -11,19 +17,40 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
+import anyio.to_thread
+from anyio.lowlevel import RunVar
+
 from sie.core.config import DEFAULT_PROFILE, dump_yaml
-from sie.core.errors import BundleConflict, BundleNotFound, InvalidInput, ModelNotFound
-from sie.core.merge import document_of
+from sie.core.errors import BundleConflict, BundleNotFound, InvalidInput, ModelNotFound, echo
 from sie.core.registry import SOURCE_FILESYSTEM, RegistrySnapshot
 
 __all__ = [
+    "YAML_DUMP_THREADS",
     "bundle_yaml",
+    "dump_limiter",
     "list_bundles",
     "list_models",
     "model_yaml",
+    "model_yaml_async",
     "parse_model_spec",
     "resolve",
 ]
+
+#: Worker threads that may dump config YAML at once, per event loop.
+YAML_DUMP_THREADS = 2
+_DUMP_LIMITER: RunVar[anyio.CapacityLimiter] = RunVar("sie_yaml_dump_limiter")
+
+
+def dump_limiter() -> anyio.CapacityLimiter:
+    """This event loop's limiter for YAML dumps in threads (``YAML_DUMP_THREADS``)."""
+    try:
+        return _DUMP_LIMITER.get()
+    except LookupError:
+        limiter = anyio.CapacityLimiter(YAML_DUMP_THREADS)
+        _DUMP_LIMITER.set(limiter)
+        return limiter
+
 
 _SPEC = re.compile(
     r"^(?:(?P<bundle>[A-Za-z0-9_-]+):/)?(?P<model>[^:\s]+)(?::(?P<profile>[^:\s]+))?$"
@@ -45,15 +72,30 @@ def list_models(snap: RegistrySnapshot) -> dict[str, Any]:
 
 
 def model_yaml(snap: RegistrySnapshot, model_id: str) -> str:
-    """The model's full merged config as YAML.
+    """The model's full merged config as YAML (cached per served config; a first dump
+    is pure Python, up to about a second: from an event loop use ``model_yaml_async``).
 
     Raises:
         ModelNotFound: 404.
     """
-    cfg = snap.configs.get(model_id)
-    if cfg is None:
-        raise ModelNotFound(f"model {model_id!r} not found", model=model_id)
-    return dump_yaml(document_of(cfg))
+    if model_id not in snap.configs:
+        raise ModelNotFound(f"model {echo(model_id)!r} not found", model=model_id)
+    return snap.config_yaml(model_id)
+
+
+async def model_yaml_async(snap: RegistrySnapshot, model_id: str) -> str:
+    """``model_yaml`` for an event loop: a cached dump is returned at once, a first one
+    is made in a worker thread (at most ``YAML_DUMP_THREADS`` per loop).
+
+    Raises:
+        ModelNotFound: 404.
+    """
+    if model_id not in snap.configs:
+        raise ModelNotFound(f"model {echo(model_id)!r} not found", model=model_id)
+    cached = snap.cached_config_yaml(model_id)
+    if cached is not None:
+        return cached
+    return await anyio.to_thread.run_sync(snap.config_yaml, model_id, limiter=dump_limiter())
 
 
 def list_bundles(
@@ -90,7 +132,7 @@ def bundle_yaml(snap: RegistrySnapshot, bundle_id: str) -> str:
     """
     name = _bundle_name(snap, bundle_id)
     if name is None:
-        raise BundleNotFound(f"bundle {bundle_id!r} not found", bundle=bundle_id)
+        raise BundleNotFound(f"bundle {echo(bundle_id)!r} not found", bundle=bundle_id)
     doc = snap.bundles[name].model_dump(mode="json", exclude_none=True)
     doc["source"] = SOURCE_FILESYSTEM
     return dump_yaml(doc)
@@ -105,7 +147,8 @@ def parse_model_spec(spec: str) -> tuple[str | None, str]:
     m = _SPEC.fullmatch(spec.strip())
     if m is None:
         raise InvalidInput(
-            f"model: {spec!r} is not of the form '[bundle:/]org/model[:profile]'", field="model"
+            f"model: {echo(spec)!r} is not of the form '[bundle:/]org/model[:profile]'",
+            field="model",
         )
     model = m["model"] + (f":{m['profile']}" if m["profile"] else "")
     return m["bundle"], model
@@ -130,14 +173,14 @@ def resolve(snap: RegistrySnapshot, body: Any) -> dict[str, Any]:
     base, _, profile = model.partition(":")
     entry = snap.entries.get(base if profile in ("", DEFAULT_PROFILE) else model)
     if entry is None:
-        raise ModelNotFound(f"model {model!r} not found", model=model)
+        raise ModelNotFound(f"model {echo(model)!r} not found", model=model)
     compatible = list(entry.bundles)
     resolved = compatible[0]
     if bundle is not None:
         name = _bundle_name(snap, bundle)
         if name is None or name not in compatible:
             raise BundleConflict(
-                f"bundle {bundle!r} cannot serve model {model!r}",
+                f"bundle {echo(bundle)!r} cannot serve model {echo(model)!r}",
                 model=model,
                 bundle=bundle,
                 compatible_bundles=compatible,

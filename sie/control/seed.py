@@ -14,6 +14,7 @@ import fsspec
 
 from sie.core.config import Bundle, ModelConfig, parse_bundle, parse_model_config
 from sie.core.errors import ConfigError
+from sie.core.registry import subject_token
 
 __all__ = ["load_bundles", "load_models", "read_yaml_dir"]
 
@@ -53,9 +54,12 @@ def load_models(url: str) -> list[ModelConfig]:
     """Every model config under ``url``.
 
     Raises:
-        ConfigError: naming the file and the offending keys, or a duplicate ``sie_id``.
+        ConfigError: naming the file and the offending keys, a duplicate ``sie_id``, or
+            two ids with one NATS subject token (``sec/x.y`` and ``sec/x_dot_y``,
+            architecture §8.2): they would share one work subject.
     """
     out: dict[str, ModelConfig] = {}
+    tokens: dict[str, tuple[str, str]] = {}  # subject token → (sie_id, file name)
     for name, data in read_yaml_dir(url):
         try:
             cfg = parse_model_config(data, what=f"{url}/{name}")
@@ -63,5 +67,13 @@ def load_models(url: str) -> list[ModelConfig]:
             raise ConfigError(exc.message) from exc
         if cfg.sie_id in out:
             raise ConfigError(f"{url}/{name}: duplicate sie_id {cfg.sie_id!r}")
+        token = subject_token(cfg.sie_id)
+        other = tokens.setdefault(token, (cfg.sie_id, name))
+        if other[0] != cfg.sie_id:
+            raise ConfigError(
+                f"{url}/{name}: sie_id {cfg.sie_id!r} maps to the NATS subject token "
+                f"{token!r} of {other[0]!r} ({other[1]}); rename one",
+                field="sie_id",
+            )
         out[cfg.sie_id] = cfg
     return list(out.values())

@@ -36,7 +36,7 @@ import httpx
 from sie.core.config import Bundle, ModelConfig, load_yaml, parse_bundle, parse_model_config
 from sie.core.epoch import ConfigEpoch
 from sie.core.errors import SieError
-from sie.core.registry import SOURCE_API, ModelRegistry
+from sie.core.registry import SOURCE_API, ModelRegistry, check_subject_tokens
 from sie.core.wire import ConfigNotification
 from sie.telemetry import Metrics
 
@@ -221,6 +221,10 @@ class ConfigSync:
         configs, failed, total = self._parse_export(export, bundles)
         if failed:
             raise BootstrapError(f"export: {failed} of {total} model entries failed to apply")
+        try:  # two ids on one subject token: refused before anything changes
+            check_subject_tokens(c for c, _ in configs)
+        except SieError as exc:
+            raise BootstrapError(f"export: {exc.message}") from exc
         self.registry.install_bundles(bundles)
         self.registry.replace_models(configs)
         export_epoch = int(export.get("epoch", epoch))
@@ -325,13 +329,27 @@ class ConfigSync:
     def handle_delta(self, data: bytes) -> str:
         """Apply one ``ConfigNotification``; returns the outcome: ``untrusted``,
         ``bad_payload``, ``epoch_bump``, ``bad_yaml``, ``rejected`` or ``applied``."""
-        outcome = self._apply_delta(data)
+        parsed = self._parse_delta(data)
+        return self._finish(parsed if isinstance(parsed, str) else self._apply_parsed(*parsed))
+
+    async def handle_delta_async(self, data: bytes) -> str:
+        """``handle_delta`` for an event loop: decoding and the pure-Python YAML parse
+        (up to about a second for a config at ``MAX_YAML_NODES``) run in a worker
+        thread; the registry change runs on the caller's loop, one delta at a time in
+        arrival order (docs/security.md "Config role")."""
+        parsed = await anyio.to_thread.run_sync(self._parse_delta, data)
+        return self._finish(parsed if isinstance(parsed, str) else self._apply_parsed(*parsed))
+
+    def _finish(self, outcome: str) -> str:
         if self.metrics is not None:
             self.metrics.config_deltas.labels(self.role, outcome).inc()
         self._set_gauges()
         return outcome
 
-    def _apply_delta(self, data: bytes) -> str:
+    def _parse_delta(self, data: bytes) -> str | tuple[ConfigNotification, ModelConfig | None]:
+        """Decode, check the producer and parse the YAML; touches no state (safe in a
+        thread). An outcome string when the delta stops here, else ``(note, config)``
+        (config None: a pure epoch bump)."""
         try:
             note = ConfigNotification.from_bytes(data)
         except SieError as exc:
@@ -343,13 +361,18 @@ class ConfigSync:
             log.warning("dropping config delta from untrusted producer %r", note.router_id)
             return "untrusted"
         if not note.model_config_yaml.strip():
-            self.epoch.set_max(note.epoch)
-            return "epoch_bump"
+            return note, None
         try:
             cfg = parse_model_config(note.model_config_yaml.encode(), what="config delta")
         except SieError as exc:
             log.warning("config delta for %s has a bad body: %s", note.model_id, exc.message)
             return "bad_yaml"
+        return note, cfg
+
+    def _apply_parsed(self, note: ConfigNotification, cfg: ModelConfig | None) -> str:
+        if cfg is None:
+            self.epoch.set_max(note.epoch)
+            return "epoch_bump"
         try:
             result = self.registry.add_model_config(cfg, SOURCE_API)
         except SieError as exc:

@@ -5,6 +5,12 @@ Every error carries a stable machine-readable ``code`` (the strings of reference
 structured ``fields`` (e.g. the offending request field). ``sie.http.errors``
 turns them into response envelopes; nothing else decides status codes.
 
+Echo bounds (docs/security.md "Limits"): an error never echoes more than a bounded
+part of what the client sent. ``echo`` shortens one client value (an id, a path) to
+``MAX_ECHO_CHARS`` characters plus its length; every error shortens its string
+``fields`` the same way and its ``message`` to ``MAX_MESSAGE_CHARS`` (head and tail
+kept, the middle elided), whoever built it.
+
 Tree::
 
     SieError                       500 INTERNAL_ERROR
@@ -16,7 +22,9 @@ Tree::
     │   ├── InvalidModelId         400 INVALID_MODEL_ID   (architecture §3 _validate_model_id)
     │   ├── ValidationFailed       422 VALIDATION_ERROR   (config write fails the schema)
     │   │   └── UnroutableModel    422 UNROUTABLE_MODEL   (no bundle serves the adapter)
-    │   └── ContentConflict        409 CONTENT_CONFLICT   (append-only rule broken, §3 step 3.3)
+    │   ├── ContentConflict        409 CONTENT_CONFLICT   (append-only rule broken, §3 step 3.3)
+    │   └── ModelIdConflict        409 MODEL_ID_CONFLICT  (another model has the same subject token)
+    ├── ModelLimitExceeded         409 MODEL_LIMIT_EXCEEDED (the authority holds SIE_CONFIG_MAX_MODELS)
     ├── BundleConflict             409 BUNDLE_CONFLICT    (resolve: bundle cannot serve the model)
     ├── IdempotencyMismatch        422 IDEMPOTENCY_MISMATCH (same key, different body, §3)
     ├── IdempotentInflightCancelled 503 IDEMPOTENT_INFLIGHT_CANCELLED (owner cancelled, §3)
@@ -26,7 +34,9 @@ Tree::
     ├── Unauthorized               401 UNAUTHORIZED       (missing/wrong bearer token, §13)
     ├── Forbidden                  403 FORBIDDEN          (token lacks the right, §3 step 1)
     ├── AuthMisconfigured          500 AUTH_MISCONFIGURED (auth on, no tokens configured, §13)
+    ├── RequestTimeout             408 REQUEST_TIMEOUT    (the body did not arrive in time)
     ├── PayloadTooLarge            413 PAYLOAD_TOO_LARGE
+    ├── UnsupportedMediaType       415 UNSUPPORTED_MEDIA_TYPE (a charset other than UTF-8)
     ├── ModelLoading               503 MODEL_LOADING      (retryable, Retry-After 5)
     ├── ModelLoadFailed            502 MODEL_LOAD_FAILED  (terminal, no Retry-After)
     ├── InferenceError             500 INFERENCE_ERROR
@@ -45,6 +55,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "MAX_ECHO_CHARS",
+    "MAX_MESSAGE_CHARS",
     "AdmissionRejected",
     "AuthMisconfigured",
     "Backpressure",
@@ -59,6 +71,8 @@ __all__ = [
     "InferenceError",
     "InvalidInput",
     "InvalidModelId",
+    "ModelIdConflict",
+    "ModelLimitExceeded",
     "ModelLoadFailed",
     "ModelLoading",
     "ModelNotFound",
@@ -68,18 +82,49 @@ __all__ = [
     "PublisherUnavailable",
     "QueueUnavailable",
     "RegistryUnavailable",
+    "RequestTimeout",
     "ResourceExhausted",
     "ShuttingDown",
     "SieError",
     "StoreUnavailable",
     "Unauthorized",
     "UnroutableModel",
+    "UnsupportedMediaType",
     "UpstreamError",
     "UpstreamUnavailable",
     "ValidationFailed",
     "WireError",
+    "echo",
     "error_for_code",
 ]
+
+
+#: Most characters of one client-supplied value (an id, a path) an error echoes. Every
+#: valid model id (128) and ``model:profile`` id (193) fits unshortened.
+MAX_ECHO_CHARS = 200
+#: Most characters of an error message; longer ones keep their head and tail.
+MAX_MESSAGE_CHARS = 2000
+
+
+def echo(value: object, limit: int = MAX_ECHO_CHARS) -> str:
+    """``value`` as text of at most about ``limit`` characters, for error messages.
+
+    A longer value keeps its first ``limit`` characters and says how long it was:
+    ``echo("a" * 10_000)`` is ``"aaa…(10000 chars)"`` with 200 ``a``. Use it where a
+    message interpolates something the client sent (``f"model {echo(m)!r} not found"``).
+    """
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}…({len(text)} chars)"
+
+
+def _bound_message(message: str) -> str:
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    head, tail = MAX_MESSAGE_CHARS * 3 // 4, MAX_MESSAGE_CHARS // 4
+    elided = len(message) - head - tail
+    return f"{message[:head]}…({elided} chars elided)…{message[-tail:]}"
 
 
 class SieError(Exception):
@@ -89,8 +134,10 @@ class SieError(Exception):
         code: stable error code, e.g. ``"MODEL_NOT_FOUND"``.
         status: HTTP status the error maps to.
         retry_after_s: seconds for a ``Retry-After`` header, or None.
-        message: human-readable text (names the field where one is at fault).
-        fields: extra structured detail merged into the error envelope.
+        message: human-readable text (names the field where one is at fault); at
+            most ``MAX_MESSAGE_CHARS`` characters.
+        fields: extra structured detail merged into the error envelope; string values
+            are shortened by ``echo``.
     """
 
     code: ClassVar[str] = "INTERNAL_ERROR"
@@ -98,9 +145,10 @@ class SieError(Exception):
     retry_after_s: ClassVar[int | None] = None
 
     def __init__(self, message: str, **fields: Any) -> None:
+        message = _bound_message(message)
         super().__init__(message)
         self.message = message
-        self.fields = fields
+        self.fields = {k: echo(v) if isinstance(v, str) else v for k, v in fields.items()}
 
     def to_detail(self) -> dict[str, Any]:
         """The ``{"code", "message", ...fields}`` object used in every envelope."""
@@ -151,6 +199,26 @@ class UnroutableModel(ValidationFailed):
 
 class ContentConflict(ConfigError):
     code = "CONTENT_CONFLICT"
+    status = 409
+
+
+class ModelIdConflict(ConfigError):
+    """A new model id maps to the NATS subject token of another model's id
+    (``sec/x.y`` and ``sec/x_dot_y`` are both ``sec__x_dot_y``, architecture §8.2):
+    served together, the two would share one work subject. Fields: ``field``
+    (``sie_id``), ``conflicting_model``, ``subject_token``."""
+
+    code = "MODEL_ID_CONFLICT"
+    status = 409
+
+
+class ModelLimitExceeded(SieError):
+    """A write would create a model beyond the authority's ``SIE_CONFIG_MAX_MODELS``
+    (docs/security.md "Config role"). 409, like the other refusals of a valid document
+    because of what the authority already holds; writes to existing models still work.
+    Fields: ``field`` (``sie_id``), ``limit``."""
+
+    code = "MODEL_LIMIT_EXCEEDED"
     status = 409
 
 
@@ -206,6 +274,16 @@ class AuthMisconfigured(SieError):
 class PayloadTooLarge(SieError):
     code = "PAYLOAD_TOO_LARGE"
     status = 413
+
+
+class RequestTimeout(SieError):
+    code = "REQUEST_TIMEOUT"
+    status = 408
+
+
+class UnsupportedMediaType(SieError):
+    code = "UNSUPPORTED_MEDIA_TYPE"
+    status = 415
 
 
 class ModelLoading(SieError):
@@ -301,6 +379,8 @@ _BY_CODE: dict[str, type[SieError]] = {
         InvalidModelId,
         ValidationFailed,
         ContentConflict,
+        ModelIdConflict,
+        ModelLimitExceeded,
         BundleConflict,
         IdempotencyMismatch,
         IdempotentInflightCancelled,
@@ -311,6 +391,8 @@ _BY_CODE: dict[str, type[SieError]] = {
         Forbidden,
         AuthMisconfigured,
         PayloadTooLarge,
+        UnsupportedMediaType,
+        RequestTimeout,
         ModelLoading,
         ModelLoadFailed,
         InferenceError,

@@ -24,8 +24,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sie.core.config import ModelConfig, Profile, parse_model_config
-from sie.core.errors import ConfigError, ContentConflict, ValidationFailed
+from sie.core.config import ModelConfig, Profile, check_document_size, parse_model_config
+from sie.core.errors import ConfigError, ContentConflict, ValidationFailed, echo
 from sie.core.hashing import canonicalize_adapter_options
 
 __all__ = [
@@ -81,9 +81,14 @@ def _as_validation(exc: ConfigError) -> ValidationFailed:
 def merge_model_write(existing: ModelConfig | None, incoming: dict[str, Any]) -> MergeResult:
     """Merge one write (a parsed YAML mapping) into ``existing`` (None: a new model).
 
+    The merged document is held to the ``load_yaml`` bounds (``MAX_YAML_NODES`` nodes,
+    ``MAX_YAML_CHARS`` characters once aliases are expanded; docs/security.md "Limits"),
+    so each write is bounded and whatever is stored and published loads again.
+
     Raises:
         ValidationFailed: missing ``sie_id``/``profiles``, unknown keys, invalid
-            fields, or a merged document that is not a valid config (422).
+            fields, a merged document that is not a valid config, or one past the
+            document bounds (422, field ``profiles``).
         ContentConflict: a changed profile body or top-level value (409), with
             ``conflicting_profiles`` / ``conflicting_fields``.
     """
@@ -104,10 +109,12 @@ def merge_model_write(existing: ModelConfig | None, incoming: dict[str, Any]) ->
         )
     if existing is None:
         try:
-            config = parse_model_config(incoming, what=f"model {sie_id!r}")
+            config = parse_model_config(incoming, what=f"model {echo(sie_id)!r}")
         except ConfigError as exc:
             raise _as_validation(exc) from exc
-        return MergeResult(config, document_of(config), list(profiles), [])
+        document = document_of(config)
+        check_document_size(document, what=f"model {echo(sie_id)!r}")
+        return MergeResult(config, document, list(profiles), [])
 
     created: list[str] = []
     skipped: list[str] = []
@@ -150,7 +157,7 @@ def merge_model_write(existing: ModelConfig | None, incoming: dict[str, Any]) ->
         if conflicting_fields:
             parts.append(f"field(s) {conflicting_fields} already set to a different value")
         raise ContentConflict(
-            f"model {sie_id!r} is append-only: " + "; ".join(parts),
+            f"model {echo(sie_id)!r} is append-only: " + "; ".join(parts),
             model=sie_id,
             conflicting_profiles=conflicting_profiles,
             conflicting_fields=conflicting_fields,
@@ -161,7 +168,10 @@ def merge_model_write(existing: ModelConfig | None, incoming: dict[str, Any]) ->
         "profiles": {**base["profiles"], **{n: profiles[n] for n in created}},
     }
     try:
-        config = parse_model_config(merged, what=f"model {sie_id!r}")
+        config = parse_model_config(merged, what=f"model {echo(sie_id)!r}")
     except ConfigError as exc:
         raise _as_validation(exc) from exc
-    return MergeResult(config, document_of(config), created, skipped)
+    document = document_of(config)
+    if created:
+        check_document_size(document, what=f"model {echo(sie_id)!r}")
+    return MergeResult(config, document, created, skipped)

@@ -6,18 +6,28 @@ serialise on a lock. Resolution is architecture §16.1: take the requested
 profile's ``adapter_path`` module, find every bundle listing it, prefer the
 lowest ``priority`` (ties broken by name). The base id means the ``default``
 profile; every other profile ``p`` of model ``m`` is routable as ``m:p``.
+
+Two models never share a NATS subject token (``normalize_model_id``, architecture
+§8.2: ``sec/x.y`` and ``sec/x_dot_y`` are both ``sec__x_dot_y``): every path into the
+registry (config writes, seed files, restore, deltas, exports) refuses the second
+with ``ModelIdConflict`` (409), naming both.
+
+Each snapshot also serves its configs as YAML (``config_yaml``): dumped once per
+immutable config, cached across snapshots while that config is served, so a read
+never re-dumps (docs/security.md "Config role").
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from sie.core.config import DEFAULT_PROFILE, Bundle, ModelConfig, ResolvedProfile
-from sie.core.errors import ModelNotFound, UnroutableModel
+from sie.core.config import DEFAULT_PROFILE, Bundle, ModelConfig, ResolvedProfile, dump_yaml
+from sie.core.errors import ModelIdConflict, ModelNotFound, UnroutableModel, echo
 from sie.core.hashing import (
     bundle_config_hash,
     bundle_config_hashes_hash,
@@ -25,12 +35,87 @@ from sie.core.hashing import (
     bundles_hash,
 )
 from sie.core.merge import MergeResult, document_of, merge_model_write
+from sie.core.subjects import normalize_model_id
 
-__all__ = ["SOURCE_API", "SOURCE_FILESYSTEM", "ModelEntry", "ModelRegistry", "RegistrySnapshot"]
+__all__ = [
+    "SOURCE_API",
+    "SOURCE_FILESYSTEM",
+    "YAML_CACHE_CHARS",
+    "ModelEntry",
+    "ModelRegistry",
+    "RegistrySnapshot",
+    "check_subject_tokens",
+    "subject_token",
+]
 
 #: Where a model config came from (reference §5.2 ``source``).
 SOURCE_API = "api"
 SOURCE_FILESYSTEM = "filesystem"
+#: Most characters of dumped YAML one registry keeps cached (least recently read go).
+YAML_CACHE_CHARS = 64 * 1024 * 1024
+
+
+class _YamlCache:
+    """``model id → (config, YAML text)``, shared by a registry's snapshots. An entry
+    is used only while ``config`` is the very object served (configs are frozen and
+    replaced, never changed), so a stale dump is never returned. Thread-safe."""
+
+    def __init__(self, max_chars: int = YAML_CACHE_CHARS) -> None:
+        self.max_chars = max_chars
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, tuple[ModelConfig, str]] = OrderedDict()
+        self._chars = 0
+
+    def get(self, model_id: str, config: ModelConfig) -> str | None:
+        with self._lock:
+            hit = self._entries.get(model_id)
+            if hit is None or hit[0] is not config:
+                return None
+            self._entries.move_to_end(model_id)
+            return hit[1]
+
+    def put(self, model_id: str, config: ModelConfig, text: str) -> None:
+        with self._lock:
+            old = self._entries.pop(model_id, None)
+            if old is not None:
+                self._chars -= len(old[1])
+            self._entries[model_id] = (config, text)
+            self._chars += len(text)
+            while self._chars > self.max_chars and len(self._entries) > 1:
+                _, (_, dropped) = self._entries.popitem(last=False)
+                self._chars -= len(dropped)
+
+
+def subject_token(model_id: str) -> str:
+    """The NATS subject token a model id travels as (``normalize_model_id``, §8.2)."""
+    return normalize_model_id(model_id)
+
+
+def check_subject_tokens(configs: Iterable[ModelConfig]) -> dict[str, str]:
+    """``{subject token: sie_id}`` of a model set in which no two ids share a token.
+
+    Raises:
+        ModelIdConflict: 409 naming the second id (``field`` ``sie_id``), the first
+            (``conflicting_model``) and the token.
+    """
+    owners: dict[str, str] = {}
+    for cfg in configs:
+        token = subject_token(cfg.sie_id)
+        other = owners.setdefault(token, cfg.sie_id)
+        if other != cfg.sie_id:
+            raise _collision(cfg.sie_id, other, token)
+    return owners
+
+
+def _collision(sie_id: str, other: str, token: str) -> ModelIdConflict:
+    return ModelIdConflict(
+        f"sie_id {echo(sie_id)!r} maps to the NATS subject token {echo(token)!r} of the "
+        f"existing model {other!r} ('/' is '__' and '.' is '_dot_' in subjects); "
+        "choose another id",
+        field="sie_id",
+        conflicting_model=other,
+        subject_token=token,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +168,34 @@ class RegistrySnapshot:
     configs: Mapping[str, ModelConfig] = field(default_factory=lambda: MappingProxyType({}))
     entries: Mapping[str, ModelEntry] = field(default_factory=lambda: MappingProxyType({}))
     sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: subject token → the one model id using it (``check_subject_tokens``)
+    subject_owners: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     #: per-snapshot memo of fingerprints (architecture §5: O(1) per-request hash lookup)
     _cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+    #: dumped YAML per served config, shared with the registry's other snapshots
+    _yaml: _YamlCache = field(default_factory=_YamlCache, compare=False, repr=False)
+
+    def cached_config_yaml(self, model_id: str) -> str | None:
+        """The model's YAML if already dumped, else None (also for an unknown id): O(1),
+        safe on an event loop."""
+        cfg = self.configs.get(model_id)
+        return self._yaml.get(model_id, cfg) if cfg is not None else None
+
+    def config_yaml(self, model_id: str) -> str:
+        """The model's full merged config (``document_of``) as YAML, dumped at most once
+        per served config. A first dump costs about 50 µs of pure Python per node (up
+        to ``MAX_YAML_NODES``): callers on an event loop run it in a thread
+        (``sie.control.catalog.model_yaml_async``).
+
+        Raises:
+            KeyError: unknown ``model_id``.
+        """
+        cfg = self.configs[model_id]
+        text = self._yaml.get(model_id, cfg)
+        if text is None:
+            text = dump_yaml(document_of(cfg))
+            self._yaml.put(model_id, cfg, text)
+        return text
 
     def bundles_for_module(self, module: str) -> tuple[str, ...]:
         """Bundle names listing ``module``, lowest priority first."""
@@ -154,7 +265,8 @@ class ModelRegistry:
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._snapshot = RegistrySnapshot()
+        self._yaml = _YamlCache()
+        self._snapshot = RegistrySnapshot(_yaml=self._yaml)
 
     @property
     def snapshot(self) -> RegistrySnapshot:
@@ -167,6 +279,8 @@ class ModelRegistry:
         configs: Mapping[str, ModelConfig],
         sources: Mapping[str, str],
     ) -> None:
+        """Raises: ModelIdConflict (nothing swapped)."""
+        owners = check_subject_tokens(configs.values())
         entries: dict[str, ModelEntry] = {}
         for cfg in configs.values():
             entries.update(_entries_for(bundles, cfg))
@@ -175,6 +289,8 @@ class ModelRegistry:
             configs=MappingProxyType(dict(configs)),
             entries=MappingProxyType(entries),
             sources=MappingProxyType({k: sources.get(k, SOURCE_API) for k in configs}),
+            subject_owners=MappingProxyType(owners),
+            _yaml=self._yaml,
         )
 
     def install_bundles(self, bundles: Iterable[Bundle]) -> None:
@@ -232,10 +348,17 @@ class ModelRegistry:
         holds against disk too, restored at start or not (architecture §3 step 3.3).
 
         Raises:
+            ModelIdConflict: a new model whose subject token another model uses (409).
             ValidationFailed, ContentConflict: see ``merge_model_write``.
             UnroutableModel: a created profile (or the new model) has no bundle.
         """
-        current = self._snapshot.configs.get(str(incoming.get("sie_id")))
+        sie_id = str(incoming.get("sie_id"))
+        current = self._snapshot.configs.get(sie_id)
+        if current is None:
+            token = subject_token(sie_id)
+            owner = self._snapshot.subject_owners.get(token)
+            if owner is not None and owner != sie_id:
+                raise _collision(sie_id, owner, token)
         base = current
         if stored is not None:  # the union of what is served and what is durable
             base = (
@@ -254,7 +377,8 @@ class ModelRegistry:
         A full document whose profiles all exist unchanged is a no-op.
 
         Raises:
-            ValidationFailed, ContentConflict, UnroutableModel: see ``plan_write``.
+            ModelIdConflict, ValidationFailed, ContentConflict, UnroutableModel: see
+                ``plan_write``.
         """
         with self._lock:
             result = self.plan_write(document_of(config))
@@ -267,7 +391,11 @@ class ModelRegistry:
             return result
 
     def replace_models(self, models: Iterable[tuple[ModelConfig, str]]) -> None:
-        """Atomically replace the whole model set (authoritative export, §4.1 step 3)."""
+        """Atomically replace the whole model set (authoritative export, §4.1 step 3).
+
+        Raises:
+            ModelIdConflict: two of ``models`` share a subject token; nothing changed.
+        """
         with self._lock:
             configs = {c.sie_id: c for c, _ in models}
             sources = {c.sie_id: src for c, src in models}
@@ -285,12 +413,12 @@ class ModelRegistry:
         if entry is None and model_id.endswith(":" + DEFAULT_PROFILE):
             entry = self._snapshot.entries.get(model_id[: -len(DEFAULT_PROFILE) - 1])
         if entry is None:
-            raise ModelNotFound(f"model {model_id!r} not found", model=model_id)
+            raise ModelNotFound(f"model {echo(model_id)!r} not found", model=model_id)
         if bundle is None:
             return entry, entry.bundle
         if bundle not in entry.bundles:
             raise ModelNotFound(
-                f"model {model_id!r} is not served by bundle {bundle!r}",
+                f"model {echo(model_id)!r} is not served by bundle {echo(bundle)!r}",
                 model=model_id,
                 compatible_bundles=list(entry.bundles),
             )

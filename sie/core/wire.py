@@ -164,13 +164,33 @@ _BASIC: dict[str, type | tuple[type, ...]] = {
 }
 
 
+_FIELDS: dict[type, tuple[tuple[str, ...], frozenset[str], tuple[Any, ...]]] = {}
+
+
+def _fields_of(cls: type) -> tuple[tuple[str, ...], frozenset[str], tuple[Any, ...]]:
+    """A message class's field names in order, as a set, and ``(name, type name,
+    accepted types)`` of those with a basic type; computed once per class
+    (``dataclasses.fields`` costs microseconds, and every work item, result and
+    heartbeat is encoded or decoded)."""
+    got = _FIELDS.get(cls)
+    if got is None:
+        names = tuple(f.name for f in fields(cls))
+        checks = tuple(
+            (f.name, str(f.type), want)
+            for f in fields(cls)
+            if (want := _BASIC.get(str(f.type))) is not None
+        )
+        got = _FIELDS[cls] = (names, frozenset(names), checks)
+    return got
+
+
 @dataclass(slots=True)
 class _Message:
     """Base: dataclass ↔ msgpack map with named fields; None fields are omitted."""
 
     def to_map(self) -> dict[str, Any]:
         # Field values are plain msgpack data already: no deep copy (asdict) on the hot path.
-        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+        return {n: v for n in _fields_of(type(self))[0] if (v := getattr(self, n)) is not None}
 
     def to_bytes(self) -> bytes:
         return packb(self.to_map())
@@ -179,12 +199,11 @@ class _Message:
     def from_map(cls: type[T], data: Any) -> T:
         if not isinstance(data, dict):
             raise WireError(f"{cls.__name__}: expected a map, got {type(data).__name__}")
-        names = {f.name for f in fields(cls)}
-        for f in fields(cls):
-            want = _BASIC.get(str(f.type))
-            if want is not None and f.name in data and not isinstance(data[f.name], want):
+        _, names, checks = _fields_of(cls)
+        for name, type_name, want in checks:
+            if name in data and not isinstance(data[name], want):
                 raise WireError(
-                    f"{cls.__name__}.{f.name}: expected {f.type}, got {type(data[f.name]).__name__}"
+                    f"{cls.__name__}.{name}: expected {type_name}, got {type(data[name]).__name__}"
                 )
         try:
             return cls(**{k: v for k, v in data.items() if k in names})

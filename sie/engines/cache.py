@@ -15,12 +15,24 @@ exceeds the budget, the least recently used idle model is unloaded; pinned
 (``--preload``) models and models serving a request are never evicted. After the
 load the real size is known and the budget is enforced again. With ``idle_evict_s``
 a model unused that long is unloaded (pinned ones never).
+
+Trust (docs/security.md "Trust model"): before anything else, a load is checked
+against the operator's ``ConfigTrust`` (``sie.core.trust``): a config asking for what
+the operator did not allow (remote code, a ``weights_path`` outside the weights roots,
+an upstream off the allowlist, an ``api_key_env`` not declared) fails with
+``ModelLoadFailed`` (CONFIG, permanent) before its weights are sized or its engine
+imported, whichever path the config came by (write, delta, seed, store). Engines
+whose constructor takes a ``trust`` keyword get the policy (the upstream engine reads
+its API key from it). A failed load's error is logged in full on the worker; the copy
+kept in ``last_error`` and raised to requests has absolute filesystem paths other than
+the config's own ``weights_path`` replaced by ``<path>`` (``redact_error``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import inspect
 import logging
 import os
 import time
@@ -34,9 +46,11 @@ import anyio.abc
 
 from sie.core.errors import ModelLoadFailed, SieError
 from sie.core.registry import ModelEntry
+from sie.core.trust import ConfigTrust, redact_error
 from sie.engines.base import Engine, load_engine_class, memory_bytes
 from sie.engines.batching import TokenBudgetBatcher
 from sie.engines.threads import CallThreads, engine_slots
+from sie.gc_policy import freeze_long_lived
 
 __all__ = ["LoadedModel", "ModelCache", "device_memory_bytes"]
 
@@ -105,6 +119,8 @@ class ModelCache:
         idle_evict_s: unload models unused this many seconds (None: never).
         pinned: model ids never evicted (the ``--preload`` list).
         estimate_bytes: a model's expected size before its load (weights on disk).
+        trust: the operator's policy every load is checked against (default: allow
+            nothing a config could ask for; ``sie.core.trust``).
     """
 
     def __init__(
@@ -123,8 +139,10 @@ class ModelCache:
         pinned: Sequence[str] = (),
         estimate_bytes: Callable[[ModelEntry], int] | None = None,
         on_evict: Callable[[str, str], Any] | None = None,
+        trust: ConfigTrust | None = None,
     ) -> None:
         self._allowed = allowed_modules
+        self.trust = trust if trust is not None else ConfigTrust()
         self._run_batch = run_batch
         self._device = device
         self._max_batch_requests = max_batch_requests
@@ -269,6 +287,7 @@ class ModelCache:
         limiter = anyio.CapacityLimiter(1)
         t0 = time.monotonic()
         try:
+            self.trust.check_load(entry.config, entry.profile)
             if self.memory_budget_bytes is not None:
                 estimate = (
                     await anyio.to_thread.run_sync(self._estimate, entry) if self._estimate else 0
@@ -278,7 +297,8 @@ class ModelCache:
                 entry.profile.adapter_path,
                 self._allowed() if callable(self._allowed) else self._allowed,
             )
-            engine = factory(entry.config, entry.profile, self._device)
+            extra = {"trust": self.trust} if _takes_trust(factory) else {}
+            engine = factory(entry.config, entry.profile, self._device, **extra)
             await anyio.to_thread.run_sync(engine.load, limiter=limiter)
         except SieError as exc:
             slot.state, slot.error = "failed", exc
@@ -288,6 +308,7 @@ class ModelCache:
                 f"loading {entry.model_id!r} failed: {exc}", error_class="UNKNOWN", permanent=True
             )
         else:
+            freeze_long_lived()  # the model lives until unloaded: out of GC walks (sie.gc_policy)
             on_batch = self._on_batch
             limiter.total_tokens = engine_slots(engine, self._device, self._engine_concurrency)
             batcher: TokenBudgetBatcher[Any, Any] = TokenBudgetBatcher(
@@ -311,13 +332,16 @@ class ModelCache:
                 "loaded %s in %.2fs (%.1f MB)", entry.model_id, time.monotonic() - t0, size / 1e6
             )
         finally:
-            if slot.error is not None:
+            raw = slot.error
+            if raw is not None:
+                # the full message stays in the worker's log; clients see no paths of ours
+                log.error("model %s failed to load: %s", entry.model_id, raw.message)
+                keep = (entry.config.weights_path,) if entry.config.weights_path else ()
+                slot.error = redact_error(raw, keep)
                 stats.last_error = slot.error
             slot.ready.set()
             self._changed()
-        if slot.error is not None:
-            log.error("model %s failed to load: %s", entry.model_id, slot.error.message)
-        elif self.memory_budget_bytes is not None:
+        if slot.error is None and self.memory_budget_bytes is not None:
             await self._make_room(0, keep=entry.model_id)  # the real size is known now
 
     async def _make_room(self, need: int, *, keep: str) -> None:
@@ -407,3 +431,11 @@ class ModelCache:
                 del self._slots[model_id]
             slot.gone.set()
             self._changed()
+
+
+def _takes_trust(factory: Any) -> bool:
+    """Whether an engine factory accepts the ``trust`` keyword."""
+    try:
+        return "trust" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False

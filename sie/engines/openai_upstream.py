@@ -4,12 +4,17 @@ run elsewhere (adapter ``sie.engines.openai_upstream:OpenAIUpstreamGenerator``).
 Loadtime options:
 
 * ``base_url`` (required): the server root, e.g. ``http://vllm:8000`` (a trailing
-  ``/v1`` is accepted: requests go to ``<root>/v1/...`` either way).
-* ``api_key`` or ``api_key_env`` (the name of an environment variable holding it):
-  sent as ``Authorization: Bearer``; optional.
+  ``/v1`` is accepted: requests go to ``<root>/v1/...`` either way). It must lie under
+  an entry of the operator's ``SIE_UPSTREAM_BASE_URLS`` (``ConfigTrust.upstream_allowed``).
+* ``api_key`` or ``api_key_env`` (the name of a variable holding it): sent as
+  ``Authorization: Bearer``; optional. ``api_key_env`` must be one of the operator's
+  ``SIE_UPSTREAM_API_KEY_ENVS``; its value comes from the injected ``ConfigTrust``
+  (captured from the environment at the edge), never from ``os.environ`` here.
 * ``upstream_model``: the ``model`` sent upstream (default: ``hf_id``, else ``sie_id``).
 * ``metrics_url``: the server's Prometheus page (default ``<root>/metrics``; ``false``
-  disables scraping); ``metrics_interval_s``: seconds between scrapes (2).
+  disables scraping; an explicit URL must also be on the allowlist, and gets the API key
+  only on the ``base_url``'s own origin); ``metrics_interval_s``: seconds between
+  scrapes (2).
 * ``max_num_seqs``: the server's ``--max-num-seqs`` (vLLM does not export it), copied
   into ``state()`` for the admission cap; optional.
 * ``timeout_s``: seconds to wait for the upstream at each step (connect, headers, each
@@ -51,7 +56,9 @@ failed scrapes) ``state()`` reports zeros (running 0, waiting 0, KV usage 0.0, c
 None) and ``state_known`` is False; the admission gate then admits, as
 admission-gate.md requires of an unreadable engine.
 
-``observer_factory`` injects another observer (tests).
+``observer_factory`` injects another observer (tests). ``trust`` is the operator's
+policy (docs/security.md "Trust model"); without one nothing is allowed: every
+``base_url`` is refused at load (``ModelLoadFailed`` CONFIG).
 """
 
 from __future__ import annotations
@@ -61,7 +68,6 @@ import contextlib
 import inspect
 import json
 import logging
-import os
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future
@@ -84,6 +90,7 @@ from sie.core.errors import (
     UpstreamError,
     UpstreamUnavailable,
 )
+from sie.core.trust import ConfigTrust, parse_upstream_url
 from sie.engines.engine_observer import EngineObserver
 from sie.engines.generation import (
     EngineState,
@@ -127,6 +134,7 @@ class OpenAIUpstreamGenerator:
         config / profile / device: as for every engine (``device`` is unused).
         observer_factory: builds the metrics observer (default ``EngineObserver``);
             called as ``factory(url, model=, cfg=, client_factory=, max_num_seqs=)``.
+        trust: the operator's upstream allowlist and API keys (default: none allowed).
     """
 
     def __init__(
@@ -136,8 +144,10 @@ class OpenAIUpstreamGenerator:
         device: str = "cpu",
         *,
         observer_factory: Callable[..., Any] | None = None,
+        trust: ConfigTrust | None = None,
     ) -> None:
         self.config = config
+        self._trust = trust if trust is not None else ConfigTrust()
         self.profile = profile
         self.device = device
         self._observer_factory = observer_factory
@@ -169,6 +179,15 @@ class OpenAIUpstreamGenerator:
             permanent=True,
         )
 
+    def _refused(self, name: str, setting: str) -> ModelLoadFailed:
+        return ModelLoadFailed(
+            f"model {self.config.sie_id!r}: loadtime.{name} {self.profile.loadtime.get(name)!r} "
+            f'is not allowed by the operator ({setting}; docs/security.md "Trust model")',
+            error_class="CONFIG",
+            permanent=True,
+            config_field=f"profiles.{self.profile.name}.adapter_options.loadtime.{name}",
+        )
+
     def _opt_str(self, name: str) -> str | None:
         v = self.profile.loadtime.get(name)
         if v is not None and (not isinstance(v, str) or not v):
@@ -186,17 +205,21 @@ class OpenAIUpstreamGenerator:
         base = self._opt_str("base_url")
         if base is None or not base.startswith(("http://", "https://")):
             raise self._config_error("base_url", "an http(s) URL of the upstream server")
+        if not self._trust.upstream_allowed(base):
+            raise self._refused("base_url", "SIE_UPSTREAM_BASE_URLS")
         base = base.rstrip("/")
         root = base.removesuffix("/v1")
         self.base_url, self.api_root = root, root + "/v1"
         key = self._opt_str("api_key")
         env = self._opt_str("api_key_env")
         if env is not None:
-            key = os.environ.get(env) or None
+            if env not in self._trust.upstream_api_key_envs:
+                raise self._refused("api_key_env", "SIE_UPSTREAM_API_KEY_ENVS")
+            key = self._trust.api_key(env)
             if key is None:
                 raise ModelLoadFailed(
                     f"model {self.config.sie_id!r}: loadtime.api_key_env names {env!r}, "
-                    "which is not set",
+                    "which is not set on this worker",
                     error_class="CONFIG",
                     permanent=True,
                 )
@@ -210,6 +233,8 @@ class OpenAIUpstreamGenerator:
         elif metrics is None:
             self.metrics_url = root + "/metrics"
         elif isinstance(metrics, str) and metrics.startswith(("http://", "https://")):
+            if not self._trust.upstream_allowed(metrics):
+                raise self._refused("metrics_url", "SIE_UPSTREAM_BASE_URLS")
             self.metrics_url = metrics
         else:
             raise self._config_error("metrics_url", "an http(s) URL or false")
@@ -246,8 +271,8 @@ class OpenAIUpstreamGenerator:
 
     def _start_scraper(self, url: str) -> None:
         factory = self._observer_factory or EngineObserver
-        # the server's own credentials go only to its own metrics page
-        headers = self._headers if url.startswith(self.base_url + "/") else {}
+        # the server's own credentials go only to its own origin's metrics page
+        headers = self._headers if _same_origin(url, self.base_url) else {}
         observer = factory(
             url,
             model=self.config.sie_id,
@@ -545,6 +570,15 @@ class OpenAIUpstreamGenerator:
         if isinstance(exc, httpx.TimeoutException):
             return GatewayTimeout(f"{where} sent nothing for {self.timeout_s:g} s")
         return UpstreamError(f"{where} connection failed: {type(exc).__name__}: {exc}")
+
+
+def _same_origin(a: str, b: str) -> bool:
+    """Whether two URLs have the same scheme, host and port (parsed, not string prefixes)."""
+    try:
+        pa, pb = parse_upstream_url(a), parse_upstream_url(b)
+    except ValueError:
+        return False
+    return (pa.scheme, pa.host, pa.port) == (pb.scheme, pb.host, pb.port)
 
 
 async def _next_line(lines: AsyncIterator[str]) -> str | None:

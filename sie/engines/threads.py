@@ -12,6 +12,12 @@ the effect: on 2 cores two 1-thread calls encode about 1.15x more sentences/s th
 Torch's thread count is per calling thread (OpenMP/MKL thread-local settings), so
 each call sets its own before running. Engines that are not safe to call from two
 threads at once keep a single slot (``Engine.concurrent_calls``, default 1).
+
+Engine calls run at a lower CPU priority than the event loop (``nice``, default
+``ENGINE_NICE``; Linux threads, and the OpenMP threads they start, inherit it):
+on a saturated machine the loop that answers probes, publishes heartbeats and
+collects results is scheduled first, and the engine takes every cycle left
+(docs/security.md "Liveness").
 """
 
 from __future__ import annotations
@@ -21,7 +27,27 @@ import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-__all__ = ["CallThreads", "cpu_cores", "engine_slots"]
+__all__ = ["ENGINE_NICE", "CallThreads", "cpu_cores", "engine_slots", "lower_priority"]
+
+#: Nice value of threads that run engine calls (0 leaves them at the loop's priority).
+ENGINE_NICE = 10
+
+_local = threading.local()
+
+
+def lower_priority(nice: int = ENGINE_NICE) -> None:
+    """Lower the calling thread's CPU priority to ``nice`` (never raises it: that needs
+    privileges); a no-op where threads have no priority of their own (not Linux)."""
+    if getattr(_local, "nice", 0) >= nice:
+        return
+    try:
+        tid = threading.get_native_id()
+        current = os.getpriority(os.PRIO_PROCESS, tid)
+        if current < nice:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except (AttributeError, OSError):
+        pass
+    _local.nice = nice
 
 
 def cpu_cores() -> int:
@@ -49,10 +75,12 @@ class CallThreads:
 
     Args:
         cores: CPU cores to share (default: ``cpu_cores()``).
+        nice: CPU priority of the threads that make the calls (``lower_priority``).
     """
 
-    def __init__(self, cores: int | None = None) -> None:
+    def __init__(self, cores: int | None = None, nice: int = ENGINE_NICE) -> None:
         self.cores = cores or cpu_cores()
+        self.nice = nice
         self._lock = threading.Lock()
         self._running = 0
 
@@ -70,6 +98,7 @@ class CallThreads:
                 self._running += 1
                 threads = max(1, self.cores // self._running)
             try:
+                lower_priority(self.nice)
                 _set_torch_threads(threads)
                 return run_batch(key, payloads)
             finally:

@@ -5,19 +5,42 @@
    (``PACKAGED_MODELS``; reference offline-models.md);
 3. the local Hugging Face cache (``local_files_only``: never a network call).
 
-A model found nowhere fails fast with ``MODEL_LOAD_FAILED`` naming what was tried.
+A model found nowhere fails fast with ``MODEL_LOAD_FAILED`` naming what was tried;
+the message names the ``weights_path`` as the config wrote it and no other
+filesystem path (those are logged on the worker: docs/security.md "Trust model").
+
+Whether a ``weights_path`` may be used at all is the worker's trust policy
+(``sie.core.trust.ConfigTrust``, checked by the model cache before a load);
+``default_weights_roots`` are its roots when ``SIE_WEIGHTS_ROOTS`` is unset.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
+import os
 from pathlib import Path
 
 from sie.core.config import ModelConfig
 from sie.core.errors import ModelLoadFailed
 
-__all__ = ["PACKAGED_MODELS", "resolve_weights", "weights_bytes"]
+__all__ = [
+    "MAX_ESTIMATE_DEPTH",
+    "MAX_ESTIMATE_ENTRIES",
+    "PACKAGED_MODELS",
+    "default_weights_roots",
+    "resolve_weights",
+    "weights_bytes",
+]
+
+log = logging.getLogger(__name__)
+
+#: The size estimate looks at most this many directory entries, this many levels below
+#: the weights directory, and follows no directory symlinks (``weights_path: /`` must
+#: not walk the filesystem).
+MAX_ESTIMATE_ENTRIES = 10_000
+MAX_ESTIMATE_DEPTH = 6
 
 #: Files that hold weights (their size on disk estimates a model's memory).
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".onnx", ".gguf", ".ckpt")
@@ -58,7 +81,7 @@ def resolve_weights(config: ModelConfig) -> Path:
         p = Path(config.weights_path).expanduser()
         if p.exists():
             return p
-        tried.append(f"weights_path {str(p)!r}: does not exist")
+        tried.append(f"weights_path {config.weights_path!r}: does not exist")
     if config.hf_id and config.hf_id in PACKAGED_MODELS:
         mod_name, sub_path = PACKAGED_MODELS[config.hf_id]
         packaged = _packaged_path(mod_name, sub_path)
@@ -67,7 +90,8 @@ def resolve_weights(config: ModelConfig) -> Path:
         elif packaged.exists():
             return packaged
         else:
-            tried.append(f"package {mod_name!r}: path {str(packaged)!r} missing")
+            log.warning("package %s is installed but %s is missing", mod_name, packaged)
+            tried.append(f"package {mod_name!r}: installed, but its weights directory is missing")
     if config.hf_id:
         try:
             from huggingface_hub import snapshot_download
@@ -96,10 +120,64 @@ def weights_bytes(config: ModelConfig) -> int:
     """
     try:
         root = resolve_weights(config)
-    except ModelLoadFailed:
+        if root.is_file():
+            return root.stat().st_size
+    except (ModelLoadFailed, OSError):
         return 0
-    if root.is_file():
-        return root.stat().st_size
-    return sum(
-        p.stat().st_size for p in root.rglob("*") if p.is_file() and p.suffix in _WEIGHT_SUFFIXES
-    )
+    return _weight_file_bytes(root)
+
+
+def _weight_file_bytes(root: Path) -> int:
+    """Bytes of weight files below ``root``, bounded (``MAX_ESTIMATE_*``): file symlinks
+    are followed (the HF cache links snapshots to blobs), directory symlinks are not."""
+    total = seen = 0
+    pending = [(str(root), 0)]
+    while pending:
+        directory, depth = pending.pop()
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    seen += 1
+                    if seen > MAX_ESTIMATE_ENTRIES:
+                        log.warning("size estimate of %s stopped after %d entries", root, seen - 1)
+                        return total
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            if depth < MAX_ESTIMATE_DEPTH:
+                                pending.append((entry.path, depth + 1))
+                        elif Path(entry.name).suffix in _WEIGHT_SUFFIXES and entry.is_file():
+                            total += entry.stat().st_size
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+    return total
+
+
+def default_weights_roots() -> tuple[Path, ...]:
+    """Where a ``weights_path`` may point when ``SIE_WEIGHTS_ROOTS`` is unset: the
+    Hugging Face hub cache (``HF_HUB_CACHE``/``HF_HOME``, default
+    ``~/.cache/huggingface/hub``), SIE's own model cache (``SIE_MODEL_CACHE_DIR``, where
+    GGUF models are dequantised) and the directories of the shipped weight packages
+    (``PACKAGED_MODELS``, ``GGUF_PACKAGES``) that are installed. Found without
+    importing the packages.
+    """
+    roots: list[Path] = []
+    try:
+        from huggingface_hub import constants
+
+        roots.append(Path(constants.HF_HUB_CACHE))
+    except ImportError:
+        roots.append(Path("~/.cache/huggingface/hub").expanduser())
+    from sie.engines.transformers_gen import GGUF_PACKAGES, model_cache_root
+
+    roots.append(model_cache_root())
+    modules = [m for m, _ in PACKAGED_MODELS.values()] + [m for m, _ in GGUF_PACKAGES.values()]
+    for module in dict.fromkeys(modules):
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None and spec.origin is not None:
+            roots.append(Path(spec.origin).parent)
+    return tuple(roots)

@@ -5,8 +5,9 @@ Decisions are pure functions of (method, path, bearer) and the configured tokens
 ``AuthMiddleware`` applies one to every HTTP request. Tokens are compared in
 constant time (``hmac.compare_digest``) against every configured token.
 
-Gateway (``SIE_AUTH_MODE``: ``none`` default; ``token`` or its alias ``static``
-enforce; any other value logs an error at start and leaves auth off):
+Gateway (``SIE_AUTH_MODE``: ``none`` default on a loopback address; ``token`` or its
+alias ``static`` enforce; any other value is refused by the settings, and a policy
+holding one enforces: a typo never turns auth off; docs/security.md "Authentication"):
 
 - ``/healthz`` and ``/readyz`` are always open (kubelet probes);
 - ``/``, ``/health``, ``/metrics``, ``/ws/*`` are open only with
@@ -51,7 +52,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ENFORCING_MODES = frozenset({"token", "static"})
 PROBES = frozenset({"/healthz", "/readyz"})
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -67,18 +67,13 @@ class AuthPolicy:
 
     @property
     def enforcing(self) -> bool:
-        return self.mode.strip().lower() in ENFORCING_MODES
+        """Everything but ``none`` enforces (fail closed)."""
+        return self.mode.strip().lower() != "none"
 
 
 def audit_auth(policy: AuthPolicy) -> list[str]:
     """Startup findings, logged by the caller (errors first)."""
-    mode = policy.mode.strip().lower()
     out = []
-    if mode not in ENFORCING_MODES and mode != "none":
-        out.append(
-            f"error: SIE_AUTH_MODE={policy.mode!r} is not one of none, token, static: "
-            "auth is OFF (fail-open)"
-        )
     if policy.enforcing and not policy.tokens:
         out.append(
             "error: SIE_AUTH_MODE enables auth but SIE_AUTH_TOKEN(S) is empty: requests get 500"

@@ -26,7 +26,8 @@ from sie.control import catalog
 from sie.control.authority import MAX_CONFIG_BODY_BYTES
 from sie.core.errors import SieError
 from sie.http.auth import AuthMiddleware, AuthPolicy, config_decision
-from sie.http.errors import CatchAll, error_headers
+from sie.http.errors import CatchAll, ErrorJSONResponse, error_headers
+from sie.http.limits import BodyBudget, RequestLimits
 from sie.http.negotiation import read_body, read_payload
 from sie.roles.config import ConfigRole
 from sie.telemetry import Metrics
@@ -38,7 +39,7 @@ YAML = "application/yaml"
 
 def config_error_response(exc: SieError) -> JSONResponse:
     detail = {"code": exc.code, "error": exc.code.lower(), **exc.to_detail()}
-    return JSONResponse({"detail": detail}, status_code=exc.status, headers=error_headers(exc))
+    return ErrorJSONResponse({"detail": detail}, status_code=exc.status, headers=error_headers(exc))
 
 
 async def _sie_error(request: Request, exc: Exception) -> Response:
@@ -56,7 +57,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         "error": code.lower(),
         "message": f"{exc.detail}: {request.method} {request.url.path}",
     }
-    return JSONResponse(
+    return ErrorJSONResponse(
         {"detail": detail},
         status_code=exc.status_code,
         headers={**(exc.headers or {}), "X-SIE-Error-Code": code},
@@ -83,7 +84,7 @@ async def list_models(request: Request) -> Response:
 async def get_model(request: Request) -> Response:
     snap = _role(request).authority.require_registry().snapshot
     return PlainTextResponse(
-        catalog.model_yaml(snap, request.path_params["model"]), media_type=YAML
+        await catalog.model_yaml_async(snap, request.path_params["model"]), media_type=YAML
     )
 
 
@@ -132,8 +133,13 @@ def _refuse(scope: Scope, err: SieError) -> Response:
 
 
 def build_config_app(
-    role: ConfigRole, metrics_: Metrics, policy: AuthPolicy | None = None
+    role: ConfigRole,
+    metrics_: Metrics,
+    policy: AuthPolicy | None = None,
+    budget: BodyBudget | None = None,
+    body_timeout_s: float = 60.0,
 ) -> Starlette:
+    """The config role's Starlette app; ``budget`` as in ``build_gateway_app``."""
     app = Starlette(
         routes=[
             Route("/v1/configs/models", list_models, methods=["GET"]),
@@ -155,6 +161,12 @@ def build_config_app(
                 AuthMiddleware,
                 policy=policy or AuthPolicy(),
                 decide=config_decision,
+                respond=_refuse,
+            ),
+            Middleware(
+                RequestLimits,
+                budget=budget or BodyBudget(MAX_CONFIG_BODY_BYTES * 64),
+                body_timeout_s=body_timeout_s,
                 respond=_refuse,
             ),
         ],

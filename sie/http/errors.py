@@ -10,6 +10,7 @@ Envelopes:
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -22,7 +23,9 @@ from sie.core.errors import SieError
 
 __all__ = [
     "EXCEPTION_HANDLERS",
+    "OPENAI_PATHS",
     "CatchAll",
+    "ErrorJSONResponse",
     "error_headers",
     "http_exception_handler",
     "openai_error",
@@ -34,6 +37,22 @@ log = logging.getLogger(__name__)
 
 _HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "PAYLOAD_TOO_LARGE"}
 
+#: Paths whose errors use the OpenAI envelope (architecture §2), routing errors included
+#: (e.g. 405 on ``GET /v1/chat/completions``).
+OPENAI_PATHS = ("/v1/embeddings", "/v1/chat/completions", "/v1/completions", "/v1/generate")
+
+
+class ErrorJSONResponse(JSONResponse):
+    """An error envelope. Messages quote the request (a key, a model id), and a JSON
+    body can smuggle lone surrogates (``"\\udc00"``) that UTF-8 cannot encode: those
+    go out as ``\\uXXXX`` escapes (still valid JSON) instead of failing the response."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, separators=(",", ":")).encode("ascii")
+
 
 def error_headers(exc: SieError) -> dict[str, str]:
     headers = {"X-SIE-Error-Code": exc.code}
@@ -44,12 +63,14 @@ def error_headers(exc: SieError) -> dict[str, str]:
 
 def sie_error_response(exc: SieError) -> JSONResponse:
     key = "error" if exc.status >= 500 else "detail"
-    return JSONResponse({key: exc.to_detail()}, status_code=exc.status, headers=error_headers(exc))
+    return ErrorJSONResponse(
+        {key: exc.to_detail()}, status_code=exc.status, headers=error_headers(exc)
+    )
 
 
 async def sie_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, SieError)
-    if request.url.path.startswith("/v1/embeddings"):
+    if request.url.path.startswith(OPENAI_PATHS):
         return openai_error(exc)
     return sie_error_response(exc)
 
@@ -60,7 +81,7 @@ async def http_exception_handler(request: Request, exc: Exception) -> Response:
     message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     message = f"{message}: {request.method} {request.url.path}"
     headers = {**(exc.headers or {}), "X-SIE-Error-Code": code}
-    if request.url.path.startswith("/v1/embeddings"):
+    if request.url.path.startswith(OPENAI_PATHS):
         body: dict[str, Any] = {
             "error": {
                 "message": message,
@@ -71,7 +92,7 @@ async def http_exception_handler(request: Request, exc: Exception) -> Response:
         }
     else:
         body = {"detail": {"code": code, "message": message}}
-    return JSONResponse(body, status_code=exc.status_code, headers=headers)
+    return ErrorJSONResponse(body, status_code=exc.status_code, headers=headers)
 
 
 class CatchAll:
@@ -104,7 +125,7 @@ class CatchAll:
             if started:
                 return  # headers are out; the connection is closed by the server
             err = InternalError(f"internal error: {type(exc).__name__}")
-            if str(scope.get("path", "")).startswith("/v1/embeddings"):
+            if str(scope.get("path", "")).startswith(OPENAI_PATHS):
                 response: Response = openai_error(err)
             else:
                 response = sie_error_response(err)
@@ -123,7 +144,7 @@ def openai_error(exc: SieError) -> JSONResponse:
         "param": exc.fields.get("field"),
         "code": exc.code.lower(),
     }
-    return JSONResponse({"error": err}, status_code=exc.status, headers=error_headers(exc))
+    return ErrorJSONResponse({"error": err}, status_code=exc.status, headers=error_headers(exc))
 
 
 #: The handlers every SIE Starlette app installs.

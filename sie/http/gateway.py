@@ -36,6 +36,7 @@ from sie.http.auth import AuthMiddleware, AuthPolicy, gateway_decision
 from sie.http.errors import EXCEPTION_HANDLERS, CatchAll, openai_error, sie_error_response
 from sie.http.generation import chat_completions, completions, generate
 from sie.http.inference import encode, extract, score
+from sie.http.limits import BodyBudget, RequestLimits
 from sie.http.negotiation import read_payload
 from sie.http.openai import embeddings
 from sie.roles.gateway import GatewayRole, uuid7
@@ -194,7 +195,7 @@ async def config_model(request: Request) -> Response:
     snap = gateway.registry.snapshot
     if path.endswith("/status") and path[: -len("/status")] in snap.configs:
         return JSONResponse(gateway.model_status(path[: -len("/status")]))
-    return PlainTextResponse(catalog.model_yaml(snap, path), media_type=YAML)
+    return PlainTextResponse(await catalog.model_yaml_async(snap, path), media_type=YAML)
 
 
 async def config_bundles(request: Request) -> Response:
@@ -228,13 +229,20 @@ def _refuse(scope: Scope, err: SieError) -> Response:
 
 
 def build_gateway_app(
-    gateway: GatewayRole, metrics: Metrics = METRICS, policy: AuthPolicy | None = None
+    gateway: GatewayRole,
+    metrics: Metrics = METRICS,
+    policy: AuthPolicy | None = None,
+    budget: BodyBudget | None = None,
 ) -> Starlette:
     """The gateway Starlette app. ``app.state.draining`` flips ``/readyz`` to 503.
+
+    ``budget``: the process-wide request-body budget (``sie.http.limits``; a private
+    one of ``max_inflight_body_bytes`` when None).
 
     Config routes are read-only (architecture §5, §12): ``POST /v1/configs/models``
     is 405; ``/v1/configs/export`` and ``/v1/configs/epoch`` are not served (404).
     """
+    limits_budget = budget or BodyBudget(gateway.settings.max_inflight_body_bytes)
     app = Starlette(
         routes=[
             Route("/v1/configs/models", config_models, methods=["GET"]),
@@ -265,10 +273,18 @@ def build_gateway_app(
                 decide=gateway_decision,
                 respond=_refuse,
             ),
+            Middleware(
+                RequestLimits,
+                budget=limits_budget,
+                body_timeout_s=gateway.settings.http_body_timeout_s,
+                respond=_refuse,
+                large_body_reads=gateway.settings.max_large_body_reads,
+            ),
         ],
     )
     app.state.gateway = gateway
     app.state.metrics = metrics
+    app.state.body_budget = limits_budget
     app.state.draining = False
     app.add_middleware(ResponseHeaders)
     return app

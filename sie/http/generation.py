@@ -31,40 +31,76 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from sie.core.errors import GatewayTimeout, InvalidInput, SieError
+from sie.core.nesting import DEFAULT_MAX_DEPTH, too_deep
 from sie.http.errors import openai_error
-from sie.http.negotiation import read_body
+from sie.http.negotiation import check_charset, decode_off_loop, read_body
 from sie.roles._gen_dispatch import chunk_error
 from sie.roles.gateway import GatewayRole
 
 __all__ = ["chat_completions", "completions", "generate", "scan_routing_fields"]
 
 
-def scan_routing_fields(body: bytes) -> tuple[str | None, bool, bool]:
+#: Bytes the token walk feeds its C parser at once: long strings cost the square of
+#: the chunk count, and one chunk of brackets is at most this many events in memory.
+SCAN_CHUNK_BYTES = 256 * 1024
+
+
+def scan_routing_fields(
+    body: bytes, max_depth: int = DEFAULT_MAX_DEPTH
+) -> tuple[str | None, bool, bool]:
     """``(model, stream, include_usage)`` from the top level of a JSON body, by a
     streaming token walk (nested values are skipped, never built).
 
+    Linear in the body and bounded in memory: the walk keeps only its depth and the
+    current top-level key, and stops at ``max_depth`` (docs/security.md "Limits").
+
     Raises:
-        InvalidInput: malformed JSON (field ``body``), or ``model`` / ``stream`` of the
-            wrong type.
+        InvalidInput: malformed JSON, not an object, nested deeper than ``max_depth``
+            (field ``body``), a lone surrogate or invalid UTF-8 (field: the top-level
+            key it lies under), or ``model`` / ``stream`` of the wrong type.
     """
     model: str | None = None
     stream = include_usage = False
+    depth = 0
+    key: str | None = None  # the top-level key whose value is being read
+    sub: str | None = None  # the key inside stream_options
     try:
-        for prefix, event, value in ijson.parse(body):
-            if prefix == "model":
+        for event, value in ijson.basic_parse(body, buf_size=SCAN_CHUNK_BYTES):
+            if event in ("start_map", "start_array"):
+                if depth == 0 and event == "start_array":
+                    raise InvalidInput("body: expected a JSON object", field="body")
+                depth += 1
+                if depth > max_depth:
+                    raise too_deep(max_depth)
+                continue
+            if event in ("end_map", "end_array"):
+                depth -= 1
+                continue
+            if event == "map_key":
+                if depth == 1:
+                    key = value
+                elif depth == 2 and key == "stream_options":
+                    sub = value
+                continue
+            if depth == 0:
+                raise InvalidInput("body: expected a JSON object", field="body")
+            if depth == 1 and key == "model":
                 if event != "string":
                     raise InvalidInput("model: expected a string", field="model")
                 model = value
-            elif prefix == "stream":
+            elif depth == 1 and key == "stream":
                 if event != "boolean":
                     raise InvalidInput("stream: expected true or false", field="stream")
                 stream = value
-            elif prefix == "stream_options.include_usage" and event == "boolean":
-                include_usage = value
-            elif prefix == "" and event not in ("start_map", "map_key", "end_map"):
-                raise InvalidInput("body: expected a JSON object", field="body")
+            elif depth == 2 and key == "stream_options" and sub == "include_usage":
+                include_usage = event == "boolean" and value
     except ijson.JSONError as exc:
         raise InvalidInput(f"malformed JSON body: {exc}", field="body") from exc
+    except UnicodeError as exc:  # e.g. "\udc00": JSON escapes can name a lone surrogate
+        where = key if depth and key else "body"
+        raise InvalidInput(
+            f"{where}: not valid Unicode (a lone surrogate or invalid UTF-8)", field=where
+        ) from exc
     return model, stream, include_usage
 
 
@@ -296,8 +332,9 @@ def _openai_error_body(exc: SieError) -> dict[str, Any]:
 async def _handle(request: Request, route: str, path_model: str | None = None) -> Any:
     gateway: GatewayRole = request.app.state.gateway
     try:
+        check_charset(request.headers.get("content-type"))  # 415 before reading
         body = await read_body(request, gateway.settings.max_generate_body_bytes)  # 413 first
-        model, stream, include_usage = scan_routing_fields(body)
+        model, stream, include_usage = await decode_off_loop(scan_routing_fields, body)
         if path_model is not None:
             model = path_model
         if not model:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -77,17 +78,25 @@ def _profile_target(gateway: GatewayRole, model: str, profile: str | None, where
 
 
 async def _handle(
-    request: Request, endpoint: str, run: Callable[[GatewayRole, str, Any], Awaitable[Response]]
+    request: Request,
+    endpoint: str,
+    schema: type[BaseModel],
+    run: Callable[[GatewayRole, str, Any], Awaitable[Response]],
 ) -> Response:
-    """Shared wrapper: read the body, run, and count the request (bounded labels)."""
+    """Shared wrapper: read and validate the body (off the event loop when large), run,
+    and count the request (bounded labels)."""
     gateway: GatewayRole = request.app.state.gateway
     metrics: Metrics = request.app.state.metrics
     model = request.path_params["model"]
     started = time.monotonic()
     status = "error"
     try:
-        payload = await read_payload(request, gateway.settings.max_body_bytes)
-        response = await run(gateway, model, payload)
+        routing = _routing(request)
+        await gateway.refuse_if_full(model, routing["pool"], routing["machine_profile"])
+        req = await read_payload(
+            request, gateway.settings.max_body_bytes, lambda p: validate(schema, p)
+        )
+        response = await run(gateway, model, req)
         status = "200"
         return response
     except SieError as exc:
@@ -110,8 +119,7 @@ def _routing(request: Request) -> dict[str, Any]:
 async def encode(request: Request) -> Response:
     """``POST /v1/encode/{model}`` (reference §1.5; architecture §2)."""
 
-    async def run(gateway: GatewayRole, model: str, payload: Any) -> Response:
-        req: EncodeRequest = validate(EncodeRequest, payload)
+    async def run(gateway: GatewayRole, model: str, req: EncodeRequest) -> Response:
         params = req.params or EncodeParams()
         options = params.options.model_dump(exclude_none=True) if params.options else {}
         for name in ("query_template", "doc_template"):
@@ -169,7 +177,7 @@ async def encode(request: Request) -> Response:
             request, {"model": model, "items": items_out}, headers=_timing_headers(collected)
         )
 
-    return await _handle(request, "encode", run)
+    return await _handle(request, "encode", EncodeRequest, run)
 
 
 async def score(request: Request) -> Response:
@@ -177,8 +185,7 @@ async def score(request: Request) -> Response:
     keep input order; ``item_id`` is the item's id or ``item-{i}``; ``top_k`` keeps
     the best k of that same ranking."""
 
-    async def run(gateway: GatewayRole, model: str, payload: Any) -> Response:
-        req: ScoreRequest = validate(ScoreRequest, payload)
+    async def run(gateway: GatewayRole, model: str, req: ScoreRequest) -> Response:
         options = req.options.model_dump(exclude_none=True) if req.options else {}
         target = _profile_target(gateway, model, options.pop("profile", None), "options")
         if req.query.text is None:
@@ -225,7 +232,7 @@ async def score(request: Request) -> Response:
         body = {"model": model, "query_id": req.query.id, "scores": scores}
         return render(request, body, headers=_timing_headers(collected))
 
-    return await _handle(request, "score", run)
+    return await _handle(request, "score", ScoreRequest, run)
 
 
 async def extract(request: Request) -> Response:
@@ -233,8 +240,7 @@ async def extract(request: Request) -> Response:
     relations, classifications, objects, data}``, every key present; ``id`` is the
     item's id or ``item-{i}``; entity offsets are characters of the item's text."""
 
-    async def run(gateway: GatewayRole, model: str, payload: Any) -> Response:
-        req: ExtractRequest = validate(ExtractRequest, payload)
+    async def run(gateway: GatewayRole, model: str, req: ExtractRequest) -> Response:
         params = req.params or ExtractParams()
         options = params.options.model_dump(exclude_none=True) if params.options else {}
         target = _profile_target(gateway, model, options.pop("profile", None), "params.options")
@@ -269,4 +275,4 @@ async def extract(request: Request) -> Response:
             request, {"model": model, "items": items_out}, headers=_timing_headers(collected)
         )
 
-    return await _handle(request, "extract", run)
+    return await _handle(request, "extract", ExtractRequest, run)

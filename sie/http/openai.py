@@ -103,9 +103,12 @@ async def embeddings(request: Request) -> Response:
 
 
 async def _embeddings(request: Request, gateway: GatewayRole) -> Response:
-    payload = await read_payload(request, gateway.settings.max_body_bytes)
-    _check_input(payload)
-    req: EmbeddingsRequest = validate(EmbeddingsRequest, payload)
+    def check(payload: Any) -> EmbeddingsRequest:
+        _check_input(payload)
+        req: EmbeddingsRequest = validate(EmbeddingsRequest, payload)
+        return req
+
+    req = await read_payload(request, gateway.settings.max_body_bytes, check)
     request.state.model = req.model
     texts = [req.input] if isinstance(req.input, str) else list(req.input)
     for i, t in enumerate(texts):

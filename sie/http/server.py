@@ -45,9 +45,16 @@ async def serve_app(
     *,
     name: str = "http",
     graceful_timeout_s: float = 25.0,
+    header_timeout_s: float = 15.0,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run until ``shutdown`` is set and in-flight requests drained; reports the port."""
+    """Run until ``shutdown`` is set and in-flight requests drained; reports the port.
+
+    ``header_timeout_s``: a connection that has not sent a whole request line and
+    headers this long after it opened or finished its last response is closed
+    (hypercorn's idle timer runs until the headers are in; docs/security.md "Limits").
+    Request lines and header blocks over 16 KiB are refused by hypercorn (h11).
+    """
     sock = bind_socket(host, port)
     bound = sock.getsockname()[1]
     config = Config()
@@ -55,7 +62,7 @@ async def serve_app(
     config.graceful_timeout = graceful_timeout_s
     config.accesslog = None
     config.errorlog = logging.getLogger(f"sie.{name}")
-    config.keep_alive_timeout = 120
+    config.keep_alive_timeout = header_timeout_s
     log.info("%s listening on http://%s:%d", name, host, bound)
     task_status.started(bound)
     await serve(app, config, shutdown_trigger=shutdown.wait)  # type: ignore[arg-type]

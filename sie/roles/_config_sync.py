@@ -60,8 +60,8 @@ async def run_config_sync(
         async with anyio.create_task_group() as tg:
             await tg.start(sync.run)
             task_status.started()
-            async for msg in deltas:
-                sync.handle_delta(msg.data)
+            async for msg in deltas:  # the YAML parse runs in a thread, off this loop
+                await sync.handle_delta_async(msg.data)
     finally:
         with anyio.CancelScope(shield=True):
             await deltas.unsubscribe()

@@ -23,6 +23,8 @@ from sie.core.config import parse_model_config
 from sie.core.epoch import ConfigEpoch
 from sie.core.errors import ContentConflict, SieError
 from sie.core.registry import SOURCE_API, SOURCE_FILESYSTEM, ModelRegistry
+from sie.core.trust import ConfigTrust
+from sie.roles._trust import config_trust
 from sie.settings import ServeSettings
 from sie.telemetry import METRICS, Metrics
 
@@ -75,13 +77,20 @@ def restore(registry: ModelRegistry, store: ConfigStore) -> int:
 
 
 class ConfigRole:
-    """Holds the ``ConfigAuthority``. Start ``run`` in a task group."""
+    """Holds the ``ConfigAuthority``. Start ``run`` in a task group.
+
+    ``trust``: what writes may ask of workers, checked before anything is persisted
+    (default: built from ``settings``, ``sie.roles._trust``; docs/security.md "Trust
+    model"). Seed and restored configs are not checked here: workers check every load.
+    """
 
     def __init__(
         self,
         settings: ServeSettings,
         publisher: Publisher | None,
         metrics: Metrics = METRICS,
+        *,
+        trust: ConfigTrust | None = None,
     ) -> None:
         self.settings = settings
         registry, error = load_authority_registry(settings)
@@ -108,6 +117,8 @@ class ConfigRole:
             epoch=epoch,
             registry_error=error,
             on_publish=lambda result: metrics.config_publishes.labels(result).inc(),
+            trust=trust if trust is not None else config_trust(settings),
+            max_models=settings.config_max_models,
         )
         metrics.config_epoch.labels("config").set(epoch.get())
 

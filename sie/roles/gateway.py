@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from sie.control.ack_status import WorkerAck, worker_ack_status
 from sie.core.config import POOL_RE
@@ -59,6 +60,9 @@ log = logging.getLogger(__name__)
 
 #: Most JetStream publishes of one request awaiting their acks at once (§8.2).
 PUBLISH_CONCURRENCY = 64
+#: Work items a request builds or publishes between two yields to the event loop, so
+#: a 4096-item request never holds it for long (docs/security.md "Liveness").
+YIELD_EVERY = 128
 
 #: Worker codes that mean "retry later" when every item carries the same one (§2).
 RETRYABLE_CODES = frozenset({"RESOURCE_EXHAUSTED", "MODEL_LOADING", "LORA_LOADING"})
@@ -145,6 +149,11 @@ class GatewayRole:
         # per-lane in-flight items, admission decisions and pending demand (§2)
         self.lanes = LaneTelemetry(metrics)
         self._stream_pending_cache: dict[str, tuple[int, float]] = {}
+        # per pool: items admitted and not yet published, and items published since the
+        # last broker reading began; the pending check adds both to that reading, so
+        # concurrent requests cannot overshoot the limit
+        self._unpublished: dict[str, int] = {}
+        self._unread_published: dict[str, int] = {}
         self._streams: set[str] = set()
         self.workers: dict[str, WorkerView] = {}
         self.started_at = time.time()
@@ -229,6 +238,10 @@ class GatewayRole:
             col = self._pending.get(result.request_id)
             if col is None or not 0 <= result.item_index < col.total:
                 continue  # finished, abandoned or stale: drop (architecture §16.2 step 4)
+            if result.worker_id is not None:  # a result is proof of life (docs/security.md)
+                view = self.workers.get(result.worker_id)
+                if view is not None:
+                    view.seen_at = time.monotonic()
             if col.results[result.item_index] is None:
                 col.results[result.item_index] = result
                 col.remaining -= 1
@@ -291,12 +304,15 @@ class GatewayRole:
     def _model_reports(self, model_id: str) -> list[dict[str, Any]]:
         return [m for hb in self.live_workers() for m in hb.models if m.get("name") == model_id]
 
-    async def _admit(self, lane: Lane, pool: str, n_items: int) -> None:
+    async def _admit(self, lane: Lane, pool: str, n_items: int, *, record: bool = True) -> None:
         """Backpressure (architecture §2). The per-lane decision against this gateway's
         in-flight items is always computed and recorded (``admit`` / ``would_shed`` /
         ``shed``) but only sheds when ``lane_backpressure_enforce`` is set; the pool-wide
-        check against the work stream's stored count (``max_stream_pending``; refreshed
-        at most every 250 ms) always applies. Both sheds record pending demand.
+        check always applies: the work stream's stored count (read from the broker at
+        most every 250 ms) plus the items this gateway admitted since that reading plus
+        this request's must stay within ``max_stream_pending``, so one gateway never
+        overshoots it (several share the broker's ``max_msgs`` ceiling). Both sheds
+        record pending demand.
 
         Raises:
             Backpressure: 503 with Retry-After 5.
@@ -305,13 +321,18 @@ class GatewayRole:
         in_flight = self.lanes.in_flight.get(lane, 0) + n_items
         over = in_flight > s.max_lane_in_flight_items
         shed = over and s.lane_backpressure_enforce
-        self.lanes.decision(lane, "shed" if shed else "would_shed" if over else "admit")
-        pending = await self._stream_pending(pool)
-        if pending >= s.max_stream_pending:
+        if record:
+            self.lanes.decision(lane, "shed" if shed else "would_shed" if over else "admit")
+        pending = (
+            await self._stream_pending(pool)
+            + self._unread_published.get(pool, 0)
+            + self._unpublished.get(pool, 0)
+        )
+        if pending + max(n_items, 1) > s.max_stream_pending:
             self.lanes.record_demand(lane, "queue_full")
             raise Backpressure(
                 f"work queue for pool {pool!r} holds {pending} items (limit "
-                f"{s.max_stream_pending}); retry later",
+                f"{s.max_stream_pending}, this request {n_items}); retry later",
                 pool=pool,
             )
         if shed:
@@ -322,11 +343,31 @@ class GatewayRole:
                 pool=pool,
             )
 
+    async def refuse_if_full(
+        self, model_id: str, pool: str | None = None, machine_profile: str | None = None
+    ) -> None:
+        """Before a request's body is read: refuse it if its pool's work stream is
+        already at ``max_stream_pending``, so an overloaded gateway does not spend the
+        body's decoding and validation on work it must refuse (docs/security.md
+        "Liveness"). Anything else (an unknown model, a bad header) is left to the
+        request's own checks.
+
+        Raises:
+            Backpressure: 503 ``QUEUE_FULL``, Retry-After 5.
+        """
+        try:
+            entry, bundle = self.registry.resolve(model_id)
+            pool_, profile = self.lane_of(entry, pool, machine_profile)
+        except SieError:
+            return
+        await self._admit(self.lanes.lane(pool_, profile, bundle), pool_, 0, record=False)
+
     async def _stream_pending(self, pool: str) -> int:
         now = time.monotonic()
         cached = self._stream_pending_cache.get(pool)
         if cached is not None and now - cached[1] < 0.25:
             return cached[0]
+        published = self._unread_published.get(pool, 0)
         try:
             count = (await self.bus.stream_info(stream_name(pool))).messages
         except NoStreamError:
@@ -334,6 +375,8 @@ class GatewayRole:
         except SieError as exc:  # the bus is away: the publish will say so (503)
             log.debug("stream pending check failed: %s", exc.message)
             return 0
+        # what was published before the reading began is in its count
+        self._unread_published[pool] = self._unread_published.get(pool, 0) - published
         self._stream_pending_cache[pool] = (count, now)
         return count
 
@@ -571,6 +614,8 @@ class GatewayRole:
             )
         n = len(works)
         await self._admit(lane, pool, n)
+        self._unpublished[pool] = self._unpublished.get(pool, 0) + n
+        unsent = [n]  # this request's share of _unpublished, returned in finally
         subject = work_subject(pool, profile, bundle, model_id)
         request_id = request_id or uuid7()
         reply = inbox_subject(self.router_id, request_id)
@@ -600,8 +645,10 @@ class GatewayRole:
                     **fields,
                 )
                 work.append((wi.work_item_id, self._encode_item(wi)))
+                if i % YIELD_EVERY == YIELD_EVERY - 1:
+                    await anyio.lowlevel.checkpoint()  # probes and heartbeats go first
             published = True
-            await self._publish_all(subject, lane, pool, work)
+            await self._publish_all(subject, lane, pool, work, unsent)
             self.lanes.clear_demand(lane)  # the lane is being served (§8)
             publish_ms = (time.monotonic() - t0) * 1000.0
             wait_s = timeout_s or self.settings.request_timeout_s
@@ -622,6 +669,7 @@ class GatewayRole:
                     request_id=request_id,
                 )
         finally:
+            self._unpublished[pool] -= unsent[0]
             self._pending.pop(request_id, None)
             self.lanes.add_in_flight(lane, -n)
             if published and col.remaining:
@@ -669,35 +717,53 @@ class GatewayRole:
             raise InvalidInput(f"{where}: cannot be forwarded: {exc.message}", field=where) from exc
 
     async def _publish_all(
-        self, subject: str, lane: Lane, pool: str, work: list[tuple[str, bytes]]
+        self,
+        subject: str,
+        lane: Lane,
+        pool: str,
+        work: list[tuple[str, bytes]],
+        unsent: list[int],
     ) -> None:
         """Publish a request's work items with overlapping JetStream acks (at most
         ``PUBLISH_CONCURRENCY`` in flight, architecture §8.2); the first failure
         cancels the rest and is raised."""
         if len(work) == 1:
-            await self._publish(subject, lane, pool, *work[0])
+            await self._publish(subject, lane, pool, *work[0], unsent)
             return
-        limiter = anyio.CapacityLimiter(PUBLISH_CONCURRENCY)
+        items = iter(work)
         failures: list[SieError] = []
 
-        async def one(work_item_id: str, data: bytes) -> None:
-            async with limiter:
+        async def publisher() -> None:
+            # a few long-lived publishers instead of a task per item: thousands of
+            # tasks per request would crowd the event loop's ready queue
+            for sent, (work_item_id, data) in enumerate(items, 1):
                 try:
-                    await self._publish(subject, lane, pool, work_item_id, data)
+                    await self._publish(subject, lane, pool, work_item_id, data, unsent)
                 except SieError as exc:
                     failures.append(exc)
                     tg.cancel_scope.cancel()
+                    return
+                if sent % YIELD_EVERY == 0:
+                    await anyio.lowlevel.checkpoint()
 
         async with anyio.create_task_group() as tg:
-            for work_item_id, data in work:
-                tg.start_soon(one, work_item_id, data)
+            for _ in range(min(PUBLISH_CONCURRENCY, len(work))):
+                tg.start_soon(publisher)
         if failures:
             raise failures[0]
 
     async def _publish(
-        self, subject: str, lane: Lane, pool: str, work_item_id: str, data: bytes
+        self,
+        subject: str,
+        lane: Lane,
+        pool: str,
+        work_item_id: str,
+        data: bytes,
+        unsent: list[int],
     ) -> None:
-        """One JetStream publish; ``work_item_id`` is the ``Nats-Msg-Id`` (dedupe)."""
+        """One JetStream publish; ``work_item_id`` is the ``Nats-Msg-Id`` (dedupe). On
+        success the item moves from the request's ``unsent`` to the pool's published
+        count."""
         try:
             await self.bus.js_publish(subject, data, msg_id=work_item_id)
         except StreamFullError as exc:
@@ -707,6 +773,9 @@ class GatewayRole:
             self._streams.discard(pool)  # stream deleted under us (e.g. broker restart)
             await self._ensure_stream(pool)
             await self.bus.js_publish(subject, data, msg_id=work_item_id)
+        unsent[0] -= 1
+        self._unpublished[pool] -= 1
+        self._unread_published[pool] = self._unread_published.get(pool, 0) + 1
 
     @staticmethod
     def _raise_failures(results: list[WorkResult]) -> None:

@@ -32,6 +32,7 @@ from sie.core.subjects import (
     lane_filter,
     stream_name,
 )
+from sie.core.trust import ConfigTrust
 from sie.core.wire import (
     GenerationChunk,
     Heartbeat,
@@ -45,6 +46,7 @@ from sie.engines.weights import weights_bytes
 from sie.roles._config_sync import build_config_sync, run_config_sync
 from sie.roles._generate import run_generation
 from sie.roles._tasks import engine_batch_fn, run_task
+from sie.roles._trust import config_trust
 from sie.settings import ServeSettings
 from sie.telemetry import METRICS, Metrics, tracer
 from sie.transport.base import (
@@ -70,7 +72,11 @@ CANCEL_TOMBSTONES = 10_000
 
 
 class WorkerRole:
-    """Consumes one lane and serves every model of its bundle."""
+    """Consumes one lane and serves every model of its bundle.
+
+    ``trust``: the operator's policy each model load is checked against (default: built
+    from ``settings``, ``sie.roles._trust``; docs/security.md "Trust model").
+    """
 
     def __init__(
         self,
@@ -80,9 +86,11 @@ class WorkerRole:
         metrics: Metrics = METRICS,
         *,
         config_service_url: str | None = None,
+        trust: ConfigTrust | None = None,
     ) -> None:
         self.bus = bus
         self.registry = registry
+        self.trust = trust if trust is not None else config_trust(settings)
         self.settings = settings
         self.metrics = metrics
         self.worker_id = settings.worker_id
@@ -104,6 +112,7 @@ class WorkerRole:
             pinned=settings.preload,
             estimate_bytes=lambda entry: weights_bytes(entry.config),
             on_evict=lambda model, reason: metrics.evictions.labels(model, reason).inc(),
+            trust=self.trust,
         )
         self._inflight = anyio.Semaphore(settings.max_inflight_items)
         # config convergence (architecture §6, §7): deltas on sie.config.models.{bundle},

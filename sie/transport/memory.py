@@ -49,6 +49,10 @@ def _filters_overlap(a: str, b: str) -> bool:
     return True
 
 
+#: Subjects whose capturing stream the bus remembers (work subjects: one per lane and model).
+_ROUTES_CACHED = 4096
+
+
 class _MemSubscription(BufferedSubscription):
     def __init__(self, bus: MemoryBus, subject: str, max_pending: int) -> None:
         super().__init__(subject, max_pending)
@@ -245,6 +249,7 @@ class MemoryBus:
     def __init__(self) -> None:
         self._subs: set[_MemSubscription] = set()
         self._streams: dict[str, _Stream] = {}
+        self._routes: dict[str, str | None] = {}  # subject -> capturing stream's name
         self._closed = False
 
     async def __aenter__(self) -> MemoryBus:
@@ -287,8 +292,28 @@ class MemoryBus:
             stream.config.name, len(stream.msgs), len(stream.consumers), stream.config
         )
 
+    def _stream_for(self, subject: str) -> _Stream | None:
+        """The stream capturing ``subject``; lookups are remembered (at most
+        ``_ROUTES_CACHED`` subjects; a stream change forgets them all)."""
+        if subject in self._routes:
+            name = self._routes[subject]
+            return self._streams.get(name) if name is not None else None
+        stream = next(
+            (
+                s
+                for s in self._streams.values()
+                if any(subject_matches(p, subject) for p in s.config.subjects)
+            ),
+            None,
+        )
+        if len(self._routes) >= _ROUTES_CACHED:
+            self._routes.clear()
+        self._routes[subject] = stream.config.name if stream is not None else None
+        return stream
+
     async def add_stream(self, config: StreamConfig) -> StreamInfo:
         self._check()
+        self._routes.clear()
         for other in self._streams.values():
             if other.config.name != config.name and any(
                 _filters_overlap(a, b) for a in config.subjects for b in other.config.subjects
@@ -317,14 +342,7 @@ class MemoryBus:
         headers: Mapping[str, str] | None = None,
     ) -> PubAck:
         self._check()
-        stream = next(
-            (
-                s
-                for s in self._streams.values()
-                if any(subject_matches(p, subject) for p in s.config.subjects)
-            ),
-            None,
-        )
+        stream = self._stream_for(subject)
         if stream is None:
             raise NoStreamError(f"no stream captures subject {subject!r}")
         now = time.monotonic()

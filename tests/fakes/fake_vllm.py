@@ -730,6 +730,8 @@ class FakeVllmServer:
             ids = tok.encode(text, add_special_tokens=False)
         else:
             ids = tok.encode(body["prompt"])
+        if not ids:  # as vLLM: an empty prompt is a 400, not an engine crash
+            return self._fail(400, "The decoder prompt cannot be empty")
         max_tokens = body.get("max_tokens")
         if max_tokens is not None and max_tokens < 1:
             return self._fail(400, f"max_tokens must be at least 1, got {max_tokens}.")

@@ -19,7 +19,7 @@ import msgpack_numpy
 import numpy as np
 import pytest
 
-from tests.conftest import BUNDLES, CONFIGS, MINILM, Stack, run_stack
+from tests.conftest import BUNDLES, CONFIGS, MINILM, MODEL_CACHE, Stack, run_stack
 from tests.distill import reranker_config_yaml
 
 pytestmark = pytest.mark.slow
@@ -54,7 +54,10 @@ def fstack(
     for f in CONFIGS.glob("*.yaml"):
         shutil.copy(f, models / f.name)
     _extra_configs(models, cross_encoder_dir, gliner_dir)
-    with run_stack(models_dir=str(models), preload=(MINILM,)) as s:
+    # the operator lets configs use the models the tests build (docs/security.md)
+    with run_stack(
+        models_dir=str(models), preload=(MINILM,), weights_roots=(str(MODEL_CACHE),)
+    ) as s:
         yield s
 
 
@@ -454,7 +457,9 @@ profiles:
 """
     )
     with (
-        run_stack(models_dir=str(models), bundles_dir=str(BUNDLES)) as s,
+        run_stack(
+            models_dir=str(models), bundles_dir=str(BUNDLES), weights_roots=(str(tmp_path),)
+        ) as s,
         httpx.Client(base_url=s.base_url, timeout=120, headers=JSON) as client,
     ):
 

@@ -28,13 +28,15 @@ def test_bearer_extraction(header: str | None, token: str | None) -> None:
     assert bearer_token(header) == token
 
 
-def test_auth_off_by_default_and_for_unknown_modes() -> None:
-    for mode in ("none", "NONE", "tokne", ""):
+def test_auth_off_only_for_none_and_on_for_unknown_modes() -> None:
+    for mode in ("none", "NONE", " none "):
         assert (
             gateway_decision(AuthPolicy(mode=mode, tokens=("t",)), "POST", "/v1/encode/m", None)
             is None
         )
-    assert any(f.startswith("error") for f in audit_auth(AuthPolicy(mode="tokne")))
+    for mode in ("tokne", "", "off", "token"):  # fail closed: a typo never turns auth off
+        err = gateway_decision(AuthPolicy(mode=mode, tokens=("t",)), "POST", "/v1/encode/m", None)
+        assert isinstance(err, Unauthorized), mode
     assert audit_auth(AuthPolicy()) == []
 
 
@@ -104,11 +106,30 @@ def test_config_role_matrix() -> None:
     assert isinstance(config_decision(both, "GET", "/metrics", None), Unauthorized)
 
 
-def test_misspelt_mode_logs_an_error_at_start(caplog: pytest.LogCaptureFixture) -> None:
+def test_misspelt_mode_refuses_to_start() -> None:
+    from pydantic import ValidationError
+
+    from sie.settings import ServeSettings
+
+    for mode in ("tokne", "off", "true", ""):
+        with pytest.raises(ValidationError, match="SIE_AUTH_MODE"):
+            ServeSettings.from_env({}, auth_mode=mode)
+    assert ServeSettings(auth_mode=" Token ").auth_mode == "token"  # type: ignore[arg-type]
+    assert ServeSettings().effective_auth_mode == "none"
+
+
+def test_open_address_needs_auth_stated(caplog: pytest.LogCaptureFixture) -> None:
+    from pydantic import ValidationError
+
     from sie.container import Container
     from sie.settings import ServeSettings
 
+    for host in ("0.0.0.0", "::", "10.1.2.3", "sie.example.com"):
+        with pytest.raises(ValidationError, match="SIE_AUTH_MODE=none"):
+            ServeSettings(host=host)
+    for host in ("127.0.0.1", "::1", "localhost", "127.8.9.10"):
+        assert ServeSettings(host=host).effective_auth_mode == "none"
+    assert ServeSettings(host="0.0.0.0", auth_mode="token").auth_mode == "token"
     with caplog.at_level("WARNING"):
-        Container(ServeSettings(auth_mode="tokne", auth_token="t"))  # type: ignore[arg-type]
-    errors = [r for r in caplog.records if r.levelname == "ERROR"]
-    assert any("tokne" in r.getMessage() and "OFF" in r.getMessage() for r in errors)
+        Container(ServeSettings(host="0.0.0.0", auth_mode="none"))
+    assert any("auth is off" in r.getMessage() for r in caplog.records)

@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 import pytest
 from prometheus_client import CollectorRegistry
+from pydantic import SecretStr
 
 from sie.core.config import parse_model_config
 from sie.core.errors import (
@@ -38,6 +39,7 @@ from sie.core.errors import (
     UpstreamError,
     UpstreamUnavailable,
 )
+from sie.core.trust import ConfigTrust
 from sie.engines.generation import EngineState, GenerationEngine, GenerationRequest
 from sie.engines.openai_upstream import OpenAIUpstreamGenerator
 from sie.engines.vllm_engine import VllmGenerator
@@ -104,7 +106,23 @@ def vllm_engine(
     return VllmGenerator(cfg, profile, "cuda", vllm_module=fake, registry=fake.registry)
 
 
-def upstream_engine(base_url: str, /, **loadtime: Any) -> OpenAIUpstreamGenerator:
+def upstream_trust(*urls: str, **keys: str) -> ConfigTrust:
+    """The operator opt-in these tests need: the fake servers' URLs (and env keys)."""
+    return ConfigTrust(
+        upstream_base_urls=urls,
+        upstream_api_key_envs=frozenset(keys),
+        upstream_api_keys={k: SecretStr(v) for k, v in keys.items()},
+    )
+
+
+def upstream_engine(
+    base_url: str, /, trust: ConfigTrust | None = None, **loadtime: Any
+) -> OpenAIUpstreamGenerator:
+    """An upstream engine for ``base_url``; unless ``trust`` is given, the operator allows
+    exactly ``base_url`` and an explicit string ``metrics_url``."""
+    if trust is None:
+        metrics = loadtime.get("metrics_url")
+        trust = upstream_trust(base_url, *([metrics] if isinstance(metrics, str) else []))
     opts = {
         "base_url": base_url,
         "upstream_model": UPSTREAM_MODEL,
@@ -114,7 +132,7 @@ def upstream_engine(base_url: str, /, **loadtime: Any) -> OpenAIUpstreamGenerato
         **loadtime,
     }
     cfg, profile = engine_config("sie.engines.openai_upstream:OpenAIUpstreamGenerator", opts)
-    return OpenAIUpstreamGenerator(cfg, profile)
+    return OpenAIUpstreamGenerator(cfg, profile, trust=trust)
 
 
 def prompt_tokens(req: GenerationRequest) -> int:
@@ -678,7 +696,7 @@ def test_upstream_options() -> None:
         sie_id="org/served",
         hf_id="org/weights",
     )
-    plain = OpenAIUpstreamGenerator(cfg, profile)
+    plain = OpenAIUpstreamGenerator(cfg, profile, trust=upstream_trust("https://up.example"))
     plain._read_options()
     assert plain.upstream_model == "org/weights" and plain.max_num_seqs is None
     assert plain.timeout_s == 600.0 and plain.metrics_interval_s == 2.0
@@ -688,18 +706,32 @@ def test_upstream_options() -> None:
         {"timeout_s": 0},
         {"max_num_seqs": 0},
         {"metrics_url": 5},
-        {"api_key_env": "SIE_TEST_NO_SUCH_VARIABLE"},
+        {"api_key_env": "SIE_TEST_NO_SUCH_VARIABLE"},  # not declared by the operator
+        {"base_url": "http://elsewhere:8000"},  # not on the allowlist
+        {"metrics_url": "http://elsewhere:8000/metrics"},
     ):
         with pytest.raises(ModelLoadFailed) as info:
-            upstream_engine("http://vllm:8000", **bad).load()
+            upstream_engine("http://vllm:8000", upstream_trust("http://vllm:8000"), **bad).load()
         assert info.value.fields["error_class"] == "CONFIG"
-    os.environ["SIE_TEST_UPSTREAM_KEY"] = "from-env"
-    try:
-        keyed = upstream_engine("http://vllm:8000", api_key_env="SIE_TEST_UPSTREAM_KEY")
-        keyed._read_options()
-        assert keyed._headers == {"Authorization": "Bearer from-env"}
-    finally:
-        del os.environ["SIE_TEST_UPSTREAM_KEY"]
+    # declared but unset where the worker started: refused, and the name is not looked up
+    declared = ConfigTrust(
+        upstream_base_urls=("http://vllm:8000",),
+        upstream_api_key_envs=frozenset({"SIE_TEST_UPSTREAM_KEY"}),
+    )
+    with pytest.raises(ModelLoadFailed, match="not set on this worker"):
+        upstream_engine("http://vllm:8000", declared, api_key_env="SIE_TEST_UPSTREAM_KEY").load()
+    # the value comes from the operator's captured keys (sie.settings), not os.environ
+    keyed = upstream_engine(
+        "http://vllm:8000",
+        upstream_trust("http://vllm:8000", SIE_TEST_UPSTREAM_KEY="from-env"),
+        api_key_env="SIE_TEST_UPSTREAM_KEY",
+    )
+    keyed._read_options()
+    assert keyed._headers == {"Authorization": "Bearer from-env"}
+    # without an operator policy nothing is allowed
+    with pytest.raises(ModelLoadFailed) as info:
+        upstream_engine("http://vllm:8000", ConfigTrust()).load()
+    assert info.value.fields["error_class"] == "CONFIG" and "base_url" in info.value.message
 
 
 # ================================================================ real vLLM (GPU machines)

@@ -1,0 +1,203 @@
+"""Process-wide request limits for every HTTP listener (docs/security.md "Limits").
+
+``BodyBudget`` is the number of request-body bytes the whole process holds at once
+(``SIE_MAX_INFLIGHT_BODY_BYTES``), shared by the gateway and the config listener.
+``RequestLimits`` (ASGI middleware) charges each request's body to it for the whole
+life of the request — the decoded payload and the work built from it live that long —
+and gives the body a deadline (``SIE_HTTP_BODY_TIMEOUT_S``):
+
+- a declared ``Content-Length`` that does not fit now answers 503
+  ``RESOURCE_EXHAUSTED`` (Retry-After 5) before a byte is read;
+- bytes are charged as they arrive (a slow sender holds only what it sent); the
+  chunk that does not fit fails the read with the same 503;
+- a body still incomplete at the deadline fails the read with 408 ``REQUEST_TIMEOUT``;
+- once a body passes ``LARGE_BODY_BYTES``, the rest of it is read only while it holds
+  one of ``large_body_reads`` slots (``SIE_MAX_LARGE_BODY_READS``): the event loop
+  copies and parses every byte that arrives, and a burst of large uploads read all
+  at once would keep probes, heartbeats and small requests waiting for seconds.
+  Waiting bodies are not read: the server stops reading their sockets and TCP holds
+  the senders back. Small bodies never wait.
+
+A request answered before its body was read (413, 415, this 503) gets its answer at
+once, but the answer's end is held while the rest of the body is read and dropped (up
+to ``DRAIN_BYTES``, within the deadline): the server closes a connection once an
+answer ends, and closing a socket with unread data resets it, which would cost a
+client that is still sending the answer. The request-line/header deadline is the HTTP
+server's (``sie.http.server``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import anyio
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sie.core.errors import RequestTimeout, ResourceExhausted, SieError
+
+__all__ = ["DRAIN_BYTES", "LARGE_BODY_BYTES", "BodyBudget", "RequestLimits"]
+
+#: Most bytes of an unread body read and dropped after an early answer (beyond it the
+#: connection is closed).
+DRAIN_BYTES = 4 * 1024 * 1024
+#: A body past this many bytes reads the rest under a large-body slot.
+LARGE_BODY_BYTES = 1024 * 1024
+
+
+class BodyBudget:
+    """Bytes of request bodies held by the process, against ``limit_bytes``.
+
+    Used from one event loop only (no lock). ``in_flight_bytes`` never exceeds
+    ``limit_bytes`` (so a body larger than the whole budget is always refused).
+    """
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self.in_flight_bytes = 0
+        self.refused = 0
+
+    def fits(self, n: int) -> bool:
+        """Whether ``n`` more bytes fit now."""
+        return self.in_flight_bytes + n <= self.limit_bytes
+
+    def try_take(self, n: int) -> bool:
+        """Take ``n`` bytes if they fit; False (and nothing taken) otherwise."""
+        if not self.fits(n):
+            self.refused += 1
+            return False
+        self.in_flight_bytes += n
+        return True
+
+    def give_back(self, n: int) -> None:
+        self.in_flight_bytes -= n
+
+    def exhausted(self) -> ResourceExhausted:
+        return ResourceExhausted(
+            f"the server holds {self.in_flight_bytes} bytes of request bodies (limit "
+            f"{self.limit_bytes}); retry later",
+            field="body",
+        )
+
+
+class RequestLimits:
+    """Charges bodies to ``budget`` and bounds how long a body may take to arrive.
+
+    Args:
+        budget: the process-wide budget (one per process, shared by listeners).
+        body_timeout_s: seconds from the first read of the body to its last byte.
+        respond: renders a refusal before the app runs (the listener's envelope).
+        large_body_reads: large bodies read at once by this listener.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        budget: BodyBudget,
+        body_timeout_s: float,
+        respond: Callable[[Scope, SieError], Response],
+        large_body_reads: int = 4,
+    ) -> None:
+        self.app = app
+        self.budget = budget
+        self.body_timeout_s = body_timeout_s
+        self.respond = respond
+        self.large_body_reads = large_body_reads
+        self._large: anyio.CapacityLimiter | None = None  # made on first use, in the loop
+
+    def _large_slots(self) -> anyio.CapacityLimiter:
+        if self._large is None:
+            self._large = anyio.CapacityLimiter(self.large_body_reads)
+        return self._large
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        budget = self.budget
+        held = 0
+        body_done = timed_out = end_held = large = False
+        deadline: float | None = None
+        has_body = _has_body(scope, declared)
+        slot = object()  # this request's token in the large-body slots
+
+        async def limited_receive() -> Message:
+            nonlocal held, body_done, deadline, timed_out, large
+            if body_done:
+                return await receive()  # after the body: only http.disconnect is left
+            if deadline is None:
+                deadline = time.monotonic() + self.body_timeout_s
+            with anyio.move_on_after(max(deadline - time.monotonic(), 0.0)) as scope_:
+                if not large and held >= LARGE_BODY_BYTES:
+                    await self._large_slots().acquire_on_behalf_of(slot)
+                    large = True
+                message = await receive()
+            if scope_.cancelled_caught:
+                timed_out = True
+                raise RequestTimeout(
+                    f"the request body did not arrive within {self.body_timeout_s:g}s",
+                    field="body",
+                )
+            if message["type"] == "http.request":
+                n = len(message.get("body", b""))
+                if not budget.try_take(n):
+                    raise budget.exhausted()
+                held += n
+                body_done = not message.get("more_body", False)
+            if large and (body_done or message["type"] != "http.request"):
+                large = False
+                self._large_slots().release_on_behalf_of(slot)
+            return message
+
+        async def holding_send(message: Message) -> None:
+            nonlocal end_held
+            early = has_body and not (body_done or timed_out)
+            if early and message["type"] == "http.response.body" and not message.get("more_body"):
+                end_held = True
+                message = {**message, "more_body": True}
+            await send(message)
+
+        try:
+            if declared and not budget.fits(declared):
+                budget.refused += 1
+                await self.respond(scope, budget.exhausted())(scope, receive, holding_send)
+            else:
+                await self.app(scope, limited_receive, holding_send)
+        finally:
+            budget.give_back(held)
+            if large:
+                self._large_slots().release_on_behalf_of(slot)
+        if end_held:
+            await self._drain(receive, declared, received=held)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _drain(self, receive: Receive, declared: int | None, received: int) -> None:
+        """Read and drop what is left of a body answered early (bounded in bytes and
+        time; nothing is kept)."""
+        if declared is not None and declared - received > DRAIN_BYTES:
+            return  # too much to read for nothing: the server closes the connection
+        dropped = 0
+        with anyio.move_on_after(min(self.body_timeout_s, 5.0)):
+            while dropped <= DRAIN_BYTES:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return
+                dropped += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return
+
+
+def _has_body(scope: Scope, declared: int | None) -> bool:
+    if declared:
+        return True
+    return any(k == b"transfer-encoding" for k, _ in scope.get("headers", []))
+
+
+def _content_length(scope: Scope) -> int | None:
+    for k, v in scope.get("headers", []):
+        if k == b"content-length":
+            return int(v) if v.isdigit() and len(v) < 19 else None
+    return None

@@ -1,0 +1,293 @@
+"""Hostile request bodies and connections against one in-process SIE (every role, real
+hypercorn on loopback): nesting, charsets, surrogates, the process-wide body budget,
+header and body deadlines, and the work-stream pending bound (docs/security.md)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import msgpack
+import pytest
+
+from sie.core.subjects import stream_name
+from tests.conftest import MINILM, Stack, run_stack
+
+pytestmark = pytest.mark.slow
+
+ENCODE = f"/v1/encode/{MINILM}"
+ONE = {"items": [{"text": "still serving"}]}
+
+
+@pytest.fixture(scope="module")
+def bounded() -> Iterator[Stack]:
+    """All roles with small limits, so each one is reached cheaply."""
+    with run_stack(
+        preload=(MINILM,),
+        http_header_timeout_s=1.0,
+        http_body_timeout_s=1.5,
+    ) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(bounded: Stack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=bounded.base_url, timeout=30) as c:
+        yield c
+
+
+def _served(client: httpx.Client) -> None:
+    r = client.post(ENCODE, json=ONE)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["items"][0]["dense"]["values"]) == 384
+
+
+def _timed(fn):  # type: ignore[no-untyped-def]
+    t = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t
+
+
+# -- finding 1: nesting bombs -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions", "/v1/generate/m"])
+def test_a_million_nested_brackets_is_a_fast_400(client: httpx.Client, route: str) -> None:
+    body = b'{"model":"m","messages":' + b"[" * 1_000_000 + b"]" * 1_000_000 + b"}"
+    r, took = _timed(lambda: client.post(route, content=body))
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "body" and "nested deeper than 64" in err["message"]
+    assert took < 1.0
+    _served(client)
+
+
+@pytest.mark.parametrize("route", [ENCODE, f"/v1/score/{MINILM}", "/v1/embeddings"])
+def test_deep_json_and_msgpack_bodies_are_400(client: httpx.Client, route: str) -> None:
+    deep_json = b'{"items":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    r = client.post(route, content=deep_json)
+    assert r.status_code == 400, r.text
+    # 65 levels: past SIE's bound, far below the decoders' own
+    value: object = "x"
+    for _ in range(65):
+        value = [value]
+    for content, ctype in (
+        (json.dumps({"items": [{"text": "x", "metadata": {"a": value}}]}).encode(), "json"),
+        (msgpack.packb({"items": [{"text": "x", "metadata": {"a": value}}]}), "msgpack"),
+        (b"\x91" * 1_000_000 + b"\xc0", "msgpack"),
+    ):
+        r = client.post(route, content=content, headers={"content-type": f"application/{ctype}"})
+        assert r.status_code == 400, (ctype, r.text)
+        body = r.json()
+        detail = body["detail"] if "detail" in body else body["error"]
+        assert "body" in (detail.get("field"), detail.get("param"))
+    _served(client)
+
+
+# -- finding 2: charsets ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("charset", ["punycode", "utf-7", "idna", "latin-1", "utf-16", "rot13"])
+def test_a_charset_other_than_utf8_is_a_fast_415(
+    bounded: Stack, client: httpx.Client, charset: str
+) -> None:
+    body = b'{"items":[{"text":"' + b"a" * 1_000_000 + b'"}]}'
+    headers = {"content-type": f"application/json; charset={charset}"}
+    # the answer comes before the body is read, let alone decoded: time it from a raw
+    # socket that has sent the headers and a first slice only
+    took = []
+    for _ in range(3):
+        sock = _raw(bounded)
+        head = (
+            f"POST {ENCODE} HTTP/1.1\r\nHost: x\r\nContent-Type: {headers['content-type']}"
+            f"\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        t = time.perf_counter()
+        sock.sendall(head.encode() + body[:65536])
+        reply = _read_response(sock)
+        took.append(time.perf_counter() - t)
+        assert reply.startswith(b"HTTP/1.1 415"), reply[:200]
+        sock.sendall(body[65536:])  # the rest is read and dropped: no reset
+        sock.close()
+    assert min(took) < 0.010, took
+    # a client that sends the whole body first still receives the answer
+    for route, envelope in ((ENCODE, "detail"), ("/v1/chat/completions", "error")):
+        r = client.post(route, content=body, headers=headers)
+        assert r.status_code == 415, r.text
+        code = r.json()[envelope]["code"]
+        assert code.upper() == "UNSUPPORTED_MEDIA_TYPE"
+    assert r.json()["error"]["param"] == "content-type"
+    # the config listener's resolve route goes through the same check (read token only)
+    config = f"http://127.0.0.1:{bounded.running.config_port}"
+    r = httpx.post(f"{config}/v1/configs/resolve", content=body, headers=headers, timeout=10)
+    assert r.status_code == 415, r.text
+    _served(client)
+
+
+# -- finding 6: a lone surrogate in a chat message ------------------------------------------
+
+
+def test_a_lone_surrogate_in_a_chat_message_is_400_naming_the_field(client: httpx.Client) -> None:
+    body = b'{"model":"m","messages":[{"role":"user","content":"\\udc00"}]}'
+    r = client.post("/v1/chat/completions", content=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "messages"
+    body = b'{"model":"m","prompt":"\\udc00 unpaired"}'
+    r = client.post("/v1/completions", content=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+# -- finding 8: a process-wide budget of body bytes -----------------------------------------
+
+
+def _raw(bounded: Stack) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", bounded.running.gateway_port), timeout=10)
+    return sock
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+@pytest.fixture(scope="module")
+def budgeted() -> Iterator[Stack]:
+    with run_stack(preload=(MINILM,), max_inflight_body_bytes=1_000_000) as s:
+        yield s
+
+
+def test_body_bytes_in_flight_are_bounded_by_the_budget(budgeted: Stack) -> None:
+    """Budget 1,000,000 bytes: a slow upload holding 700 kB leaves room for small
+    requests only; a 400 kB body gets 503 RESOURCE_EXHAUSTED with Retry-After, before
+    it is read (declared) or as it arrives (chunked), and fits again once the first
+    upload ends."""
+    budget = budgeted.running.apps["gateway"].state.body_budget
+    hog = _raw(budgeted)
+    head = (
+        f"POST {ENCODE} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 750000\r\n\r\n"
+    )
+    hog.sendall(head.encode() + b'{"items":[{"text":"' + b"a" * 700_000)
+    deadline = time.monotonic() + 10
+    while budget.in_flight_bytes < 700_000 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert budget.in_flight_bytes >= 700_000
+    big = json.dumps({"items": [{"text": "b" * 400_000}]}).encode()
+    with httpx.Client(base_url=budgeted.base_url, timeout=60) as client:
+        r = client.post(ENCODE, content=big)
+        assert r.status_code == 503, r.text
+        assert r.headers["Retry-After"] == "5"
+        assert r.json()["error"]["code"] == "RESOURCE_EXHAUSTED"  # the SDK's retry envelope
+
+        def chunks() -> Iterator[bytes]:
+            yield big[:200_000]
+            yield big[200_000:]
+
+        r = client.post(ENCODE, content=chunks())  # no Content-Length: charged on arrival
+        assert r.status_code == 503 and r.json()["error"]["code"] == "RESOURCE_EXHAUSTED"
+        r = client.post("/v1/embeddings", content=big)  # the OpenAI envelope
+        assert r.status_code == 503 and r.json()["error"]["code"] == "resource_exhausted"
+        _served(client)  # small requests still fit
+        hog.close()
+        deadline = time.monotonic() + 10
+        while budget.in_flight_bytes and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert budget.in_flight_bytes == 0
+        r = client.post(ENCODE, content=big)
+        assert r.status_code == 200, r.text
+    assert budget.refused >= 3
+
+
+# -- finding 10: header and body deadlines -------------------------------------------------
+
+
+def test_a_half_sent_request_line_is_closed_at_the_header_deadline(bounded: Stack) -> None:
+    sock = _raw(bounded)
+    sock.sendall(b"POST /v1/encode/x HT")  # never finished
+    t = time.monotonic()
+    sock.settimeout(10)
+    assert sock.recv(1024) == b""  # closed by the server
+    assert time.monotonic() - t < 5
+    sock.close()
+    sock = _raw(bounded)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # headers never end
+    assert sock.recv(1024) == b""
+    sock.close()
+
+
+def test_a_half_sent_body_gets_408_at_the_body_deadline(
+    bounded: Stack, client: httpx.Client
+) -> None:
+    sock = _raw(bounded)
+    head = f"POST {ENCODE} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+    sock.sendall(head.encode() + b'{"items":')
+    t = time.monotonic()
+    reply = _read_response(sock)
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+    assert b"request_timeout" in reply.lower()  # X-SIE-Error-Code
+    assert time.monotonic() - t < 5
+    sock.close()
+    assert _limits_idle(bounded)
+    _served(client)
+
+
+def _limits_idle(stack: Stack) -> bool:
+    budget = stack.running.apps["gateway"].state.body_budget
+    deadline = time.monotonic() + 5
+    while budget.in_flight_bytes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return budget.in_flight_bytes == 0
+
+
+# -- finding 7 (part): the stream's pending limit is never exceeded ------------------------
+
+
+def test_concurrent_requests_never_overshoot_the_stream_pending_limit() -> None:
+    """16 concurrent 1,000-item requests against a limit of 5,000 pending items, with
+    nothing consuming (a gateway in its start-up grace): exactly five are admitted,
+    the rest get 503 QUEUE_FULL, and the stream never holds more than 5,000."""
+    body = {"items": [{"text": f"t{i}"} for i in range(1000)]}
+    with run_stack(
+        roles=("gateway",),
+        max_stream_pending=5000,
+        request_timeout_s=3,
+        heartbeat_interval_s=20,
+    ) as s:
+        statuses: list[int] = []
+        peak = [0]
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                try:
+                    info = s.portal.call(s.running.bus.stream_info, stream_name("default"))
+                    peak[0] = max(peak[0], info.messages)
+                except Exception:
+                    pass
+                time.sleep(0.005)
+
+        def post() -> None:
+            r = httpx.post(s.base_url + ENCODE, json=body, timeout=30)
+            statuses.append(r.status_code)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        threads = [threading.Thread(target=post) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stop.set()
+        watcher.join()
+        final = s.portal.call(s.running.bus.stream_info, stream_name("default")).messages
+    assert sorted(statuses) == [503] * 11 + [504] * 5, statuses
+    assert max(peak[0], final) <= 5000
