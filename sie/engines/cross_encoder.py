@@ -101,9 +101,11 @@ class CrossEncoderScorer:
     ) -> list[float]:
         """One score per pair, in input order (higher is more relevant).
 
-        All pairs go to one ``predict`` call (``batch_size`` = number of pairs, at most
-        ``MAX_PREDICT_BATCH``); padding is masked, so a pair's score does not depend on
-        the other pairs (up to float rounding).
+        The distinct pairs go to one ``predict`` call (``batch_size`` = their number, at
+        most ``MAX_PREDICT_BATCH``); padding is masked, so a pair's score does not depend
+        on the other pairs (up to float rounding: CPU kernels can round a row differently
+        by its place in the batch, which is why equal pairs are scored once and always
+        tie exactly).
 
         Raises:
             InvalidInput: ``activation`` is not one of ``ACTIVATIONS``.
@@ -114,7 +116,9 @@ class CrossEncoderScorer:
             raise InferenceError(f"model {self.config.sie_id!r} is not loaded")
         if not pairs:
             return []
-        inputs = [[f"{instruction} {q}" if instruction is not None else q, d] for q, d in pairs]
+        slots: dict[tuple[str, str], int] = {}
+        order = [slots.setdefault((q, d), len(slots)) for q, d in pairs]
+        inputs = [[f"{instruction} {q}" if instruction is not None else q, d] for q, d in slots]
         try:
             scores = self._model.predict(
                 inputs,
@@ -125,7 +129,7 @@ class CrossEncoderScorer:
             )
         except Exception as exc:
             raise InferenceError(f"score failed: {exc}") from exc
-        out = [float(s) for s in scores.reshape(-1)]
-        if len(out) != len(pairs):
-            raise InferenceError(f"score returned {len(out)} scores for {len(pairs)} pairs")
-        return out
+        distinct = [float(s) for s in scores.reshape(-1)]
+        if len(distinct) != len(inputs):
+            raise InferenceError(f"score returned {len(distinct)} scores for {len(inputs)} pairs")
+        return [distinct[i] for i in order]

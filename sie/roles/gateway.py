@@ -599,7 +599,8 @@ class GatewayRole:
         request_id: str | None,
     ) -> Collected:
         """Route to the lane, admit, publish one work item per ``works`` entry (its
-        fields go into the ``WorkItem``) and collect every result (§2, §16.2)."""
+        fields go into the ``WorkItem``; entries differ only in ``item``) and collect
+        every result (§2, §16.2)."""
         t0 = time.monotonic()
         model_id = entry.model_id  # canonical: "m:default" is "m"
         pool, profile = self.lane_of(entry, pool, machine_profile)
@@ -625,26 +626,33 @@ class GatewayRole:
         published = False
         try:
             await self._ensure_stream(pool)
-            now = time.time()
-            work: list[tuple[str, bytes]] = []
-            for i, fields in enumerate(works):
-                wi = WorkItem(
-                    work_item_id=f"{request_id}.{i}",
-                    request_id=request_id,
-                    item_index=i,
-                    total_items=n,
-                    operation=operation,
-                    model_id=model_id,
-                    profile_id=entry.profile.name,
-                    pool_name=pool,
-                    admission_pool=pool,
-                    machine_profile=profile,
-                    router_id=self.router_id,
-                    reply_subject=reply,
-                    timestamp=now,
-                    **fields,
-                )
-                work.append((wi.work_item_id, self._encode_item(wi)))
+            first = WorkItem(
+                work_item_id=f"{request_id}.0",
+                request_id=request_id,
+                item_index=0,
+                total_items=n,
+                operation=operation,
+                model_id=model_id,
+                profile_id=entry.profile.name,
+                pool_name=pool,
+                admission_pool=pool,
+                machine_profile=profile,
+                router_id=self.router_id,
+                reply_subject=reply,
+                timestamp=time.time(),
+                **works[0],
+            )
+            work = [(first.work_item_id, self._encode_item(first))]
+            base = first.to_map()
+            for i in range(1, n):
+                # the items of a request differ only in id, index and item: copy the
+                # first one's map (a WorkItem per item costs several times more)
+                m = dict(base)
+                m["work_item_id"] = wid = f"{request_id}.{i}"
+                m["item_index"] = i
+                if (item := works[i].get("item")) is not None:
+                    m["item"] = item
+                work.append((wid, self._encode_map(m, i)))
                 if i % YIELD_EVERY == YIELD_EVERY - 1:
                     await anyio.lowlevel.checkpoint()  # probes and heartbeats go first
             published = True
@@ -693,6 +701,19 @@ class GatewayRole:
                 await self.bus.publish(cancel_subject(self.router_id, request_id), b"")
             except SieError as exc:
                 log.warning("cannot publish work_cancel for %s: %s", request_id, exc.message)
+
+    @staticmethod
+    def _encode_map(m: dict[str, Any], index: int) -> bytes:
+        """A further work item's map (``_run``) as msgpack.
+
+        Raises:
+            InvalidInput: the item holds a value msgpack cannot carry (``items[i]``).
+        """
+        try:
+            return packb(m)
+        except WireError as exc:
+            where = f"items[{index}]"
+            raise InvalidInput(f"{where}: cannot be forwarded: {exc.message}", field=where) from exc
 
     @staticmethod
     def _encode_item(wi: WorkItem) -> bytes:
