@@ -33,7 +33,13 @@ from sie.control import catalog
 from sie.core.errors import SieError
 from sie.core.registry import ModelEntry
 from sie.http.auth import AuthMiddleware, AuthPolicy, gateway_decision
-from sie.http.errors import EXCEPTION_HANDLERS, CatchAll, openai_error, sie_error_response
+from sie.http.errors import (
+    EXCEPTION_HANDLERS,
+    OPENAI_PATHS,
+    CatchAll,
+    openai_error,
+    sie_error_response,
+)
 from sie.http.generation import chat_completions, completions, generate
 from sie.http.inference import encode, extract, score
 from sie.http.limits import BodyBudget, RequestLimits
@@ -215,10 +221,6 @@ async def config_bundle(request: Request) -> Response:
 async def config_resolve(request: Request) -> Response:
     body = await read_payload(request, 1024 * 1024)
     return JSONResponse(catalog.resolve(_gw(request).registry.snapshot, body))
-
-
-#: Routes that answer errors in the OpenAI envelope (architecture §2).
-OPENAI_PATHS = ("/v1/embeddings", "/v1/chat/completions", "/v1/completions", "/v1/generate")
 
 
 def _refuse(scope: Scope, err: SieError) -> Response:

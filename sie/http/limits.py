@@ -20,7 +20,7 @@ and gives the body a deadline (``SIE_HTTP_BODY_TIMEOUT_S``):
 
 A request answered before its body was read (413, 415, this 503) gets its answer at
 once, but the answer's end is held while the rest of the body is read and dropped (up
-to ``DRAIN_BYTES``, within the deadline): the server closes a connection once an
+to ``DRAIN_BYTES``, within the deadline, under a large-body slot when large): the server closes a connection once an
 answer ends, and closing a socket with unread data resets it, which would cost a
 client that is still sending the answer. The request-line/header deadline is the HTTP
 server's (``sie.http.server``).
@@ -28,6 +28,7 @@ server's (``sie.http.server``).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -180,14 +181,19 @@ class RequestLimits:
         if declared is not None and declared - received > DRAIN_BYTES:
             return  # too much to read for nothing: the server closes the connection
         dropped = 0
+        large = declared is None or declared - received > LARGE_BODY_BYTES
         with anyio.move_on_after(min(self.body_timeout_s, 5.0)):
-            while dropped <= DRAIN_BYTES:
-                message = await receive()
-                if message["type"] != "http.request":
-                    return
-                dropped += len(message.get("body", b""))
-                if not message.get("more_body", False):
-                    return
+            async with self._large_slots() if large else _NO_SLOT:
+                while dropped <= DRAIN_BYTES:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return
+                    dropped += len(message.get("body", b""))
+                    if not message.get("more_body", False):
+                        return
+
+
+_NO_SLOT = contextlib.nullcontext()
 
 
 def _has_body(scope: Scope, declared: int | None) -> bool:
