@@ -29,6 +29,8 @@ server's (``sie.http.server``).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import time
 from collections.abc import Callable
 
@@ -45,6 +47,8 @@ __all__ = ["DRAIN_BYTES", "LARGE_BODY_BYTES", "BodyBudget", "RequestLimits"]
 DRAIN_BYTES = 4 * 1024 * 1024
 #: A body past this many bytes reads the rest under a large-body slot.
 LARGE_BODY_BYTES = 1024 * 1024
+#: After a request whose body held this many bytes, free heap pages go back to the OS.
+TRIM_AFTER_BYTES = 64 * 1024 * 1024
 
 
 class BodyBudget:
@@ -171,6 +175,8 @@ class RequestLimits:
             budget.give_back(held)
             if large:
                 self._large_slots().release_on_behalf_of(slot)
+            if held >= TRIM_AFTER_BYTES:
+                await _give_memory_back()
         if end_held:
             await self._drain(receive, declared, received=held)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -194,6 +200,33 @@ class RequestLimits:
 
 
 _NO_SLOT = contextlib.nullcontext()
+_trimming = False
+
+
+async def _give_memory_back() -> None:
+    """``malloc_trim(0)`` on a thread (glibc only; one at a time): the heap pages a
+    large body and its decoded payload used are returned to the OS instead of staying
+    with the process (docs/security.md "Limits")."""
+    global _trimming
+    trim = _malloc_trim()
+    if trim is None or _trimming:
+        return
+    _trimming = True
+    try:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(trim, 0)
+    finally:
+        _trimming = False
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        trim: Callable[[int], int] = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
 
 
 def _has_body(scope: Scope, declared: int | None) -> bool:

@@ -107,6 +107,24 @@ def test_nested_chat_body_is_a_fast_4xx_without_memory_growth(
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+def test_memory_of_a_large_body_is_given_back(served: tuple[str, int]) -> None:
+    """Finding 8: a ~200 MB body (refused after decoding: the last item is bad) leaves
+    the server's resident memory where it was, not a few hundred MB higher."""
+    url, pid = served
+    body = (
+        b'{"items":[' + b",".join([b'{"text":"' + b"x" * 50_000 + b'"}'] * 4000) + b',{"text":5}]}'
+    )
+    with httpx.Client(base_url=url, headers=AUTH, timeout=120) as c:
+        rss = _status(pid, "VmRSS")
+        for _ in range(3):
+            r = c.post(f"/v1/encode/{MINILM}", content=body)
+            assert r.status_code == 400 and r.json()["detail"]["field"] == "items[4000].text"
+        deadline = time.monotonic() + 10  # the trim runs on a thread after the answer
+        while (growth := _status(pid, "VmRSS") - rss) >= 100 * 2**20:
+            assert time.monotonic() < deadline, f"RSS grew {growth / 2**20:.0f} MiB"
+            time.sleep(0.1)
+
+
 def test_punycode_charset_is_415_at_once(served: tuple[str, int]) -> None:
     url, _ = served
     body = b'{"items":[{"text":"' + b"a" * 1_000_000 + b'"}]}'
