@@ -35,6 +35,7 @@ import ruamel.yaml.parser
 import ruamel.yaml.scanner
 
 import sie.core.config as config_module
+import sie.core.yamldoc as yamldoc
 from sie.control.seed import load_models
 from sie.control.sync import ConfigSync
 from sie.core.config import (
@@ -212,7 +213,7 @@ def count_events(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def test_node_bound_stops_the_parse_not_just_the_result(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(config_module, "MAX_YAML_NODES", 1_000)
+    monkeypatch.setattr(yamldoc, "MAX_YAML_NODES", 1_000)
     events = count_events(monkeypatch)
     text = "a:\n" + "- x\n" * 100_000  # 100,000 nodes; composing them all takes seconds
     t0 = time.monotonic()
@@ -286,7 +287,7 @@ def test_every_shipped_and_test_config_is_far_below_the_bounds() -> None:
 def test_merged_config_is_held_to_the_same_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Appends add up: a model whose merged document passed the bounds would not load
     again (restore, deltas, export), so the merge refuses it (422 naming profiles)."""
-    monkeypatch.setattr(config_module, "MAX_YAML_NODES", 2_000)  # the same rule, faster
+    monkeypatch.setattr(yamldoc, "MAX_YAML_NODES", 2_000)  # the same rule, faster
     r = registry()
     r.add_model_config(parse_model_config(model_doc("org/grow")))
     runtime = {f"o{j}": j for j in range(40)}  # 88 nodes a profile
