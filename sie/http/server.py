@@ -63,6 +63,10 @@ async def serve_app(
     config.accesslog = None
     config.errorlog = logging.getLogger(f"sie.{name}")
     config.keep_alive_timeout = header_timeout_s
+    # events a connection may queue for the app (hypercorn's default 10): past it the
+    # server stops reading that socket, so a burst of large uploads waiting for their
+    # turn (sie.http.limits) buffers 2 chunks each on the loop, not 10
+    config.max_app_queue_size = 2
     log.info("%s listening on http://%s:%d", name, host, bound)
     task_status.started(bound)
     await serve(app, config, shutdown_trigger=shutdown.wait)  # type: ignore[arg-type]
