@@ -397,8 +397,14 @@ class ModelRegistry:
             ModelIdConflict: two of ``models`` share a subject token; nothing changed.
         """
         with self._lock:
-            configs = {c.sie_id: c for c, _ in models}
-            sources = {c.sie_id: src for c, src in models}
+            served = self._snapshot.configs
+            configs: dict[str, ModelConfig] = {}
+            sources: dict[str, str] = {}
+            for c, src in models:
+                current = served.get(c.sie_id)
+                # an unchanged config keeps its object: per-config caches stay valid
+                configs[c.sie_id] = current if current is not None and current == c else c
+                sources[c.sie_id] = src
             self._rebuild(self._snapshot.bundles, configs, sources)
 
     def resolve(self, model_id: str, bundle: str | None = None) -> tuple[ModelEntry, str]:

@@ -102,3 +102,25 @@ def test_readers_never_see_a_torn_snapshot() -> None:
     t.join()
     assert torn == []
     assert len(r.snapshot.entries) == 300
+
+
+def test_replacing_with_equal_configs_keeps_the_served_objects_and_their_dumps() -> None:
+    """A re-export that changes nothing (sync's bootstrap after a delta it already
+    applied) keeps each unchanged config object, so its dumped YAML stays cached; a
+    changed config replaces its object and its dump."""
+    r = reg()
+    st = {"adapter_path": "eng.st:Dense", "max_batch_tokens": 8}
+    r.add_model_config(model("org/a", default=st))
+    r.add_model_config(model("org/b", default=st))
+    text = r.snapshot.config_yaml("org/a")
+    before_b = r.snapshot.configs["org/b"]
+    r.replace_models(
+        [
+            (model("org/a", default=st), "api"),
+            (model("org/b", default={**st, "max_batch_tokens": 4}), "api"),
+        ]
+    )
+    assert r.snapshot.cached_config_yaml("org/a") == text
+    assert r.snapshot.configs["org/b"] is not before_b
+    assert r.snapshot.configs["org/b"].profiles["default"].max_batch_tokens == 4
+    assert r.snapshot.cached_config_yaml("org/b") is None
