@@ -28,7 +28,7 @@ from sie.core.errors import SieError
 from sie.http.auth import AuthMiddleware, AuthPolicy, config_decision
 from sie.http.errors import CatchAll, ErrorJSONResponse, error_headers
 from sie.http.limits import BodyBudget, RequestLimits
-from sie.http.negotiation import read_body, read_payload
+from sie.http.negotiation import check_charset, read_body, read_payload
 from sie.roles.config import ConfigRole
 from sie.telemetry import Metrics
 
@@ -71,6 +71,7 @@ def _role(request: Request) -> ConfigRole:
 
 async def add_model(request: Request) -> Response:
     role = _role(request)
+    check_charset(request.headers.get("content-type"))  # YAML is read as UTF-8 only
     body = await read_body(request, MAX_CONFIG_BODY_BYTES)
     status, reply = await role.authority.write(body, request.headers.get("idempotency-key"))
     return JSONResponse(reply, status_code=status)
@@ -156,17 +157,17 @@ def build_config_app(
         ],
         exception_handlers={SieError: _sie_error, HTTPException: _http_error},
         middleware=[
+            Middleware(
+                RequestLimits,
+                budget=budget or BodyBudget(MAX_CONFIG_BODY_BYTES * 64),
+                body_timeout_s=body_timeout_s,
+                respond=_refuse,
+            ),
             Middleware(CatchAll),
             Middleware(
                 AuthMiddleware,
                 policy=policy or AuthPolicy(),
                 decide=config_decision,
-                respond=_refuse,
-            ),
-            Middleware(
-                RequestLimits,
-                budget=budget or BodyBudget(MAX_CONFIG_BODY_BYTES * 64),
-                body_timeout_s=body_timeout_s,
                 respond=_refuse,
             ),
         ],

@@ -268,19 +268,19 @@ def build_gateway_app(
         ],
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[
-            Middleware(CatchAll),
-            Middleware(
-                AuthMiddleware,
-                policy=policy or AuthPolicy(),
-                decide=gateway_decision,
-                respond=_refuse,
-            ),
             Middleware(
                 RequestLimits,
                 budget=limits_budget,
                 body_timeout_s=gateway.settings.http_body_timeout_s,
                 respond=_refuse,
                 large_body_reads=gateway.settings.max_large_body_reads,
+            ),
+            Middleware(CatchAll),
+            Middleware(
+                AuthMiddleware,
+                policy=policy or AuthPolicy(),
+                decide=gateway_decision,
+                respond=_refuse,
             ),
         ],
     )

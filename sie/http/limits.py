@@ -159,7 +159,7 @@ class RequestLimits:
 
         async def holding_send(message: Message) -> None:
             nonlocal end_held
-            early = has_body and not (body_done or timed_out)
+            early = has_body and not body_done
             if early and message["type"] == "http.response.body" and not message.get("more_body"):
                 end_held = True
                 message = {**message, "more_body": True}
@@ -178,8 +178,9 @@ class RequestLimits:
             if held >= TRIM_AFTER_BYTES:
                 await _give_memory_back()
         if end_held:
-            await self._drain(receive, declared, received=held)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if not timed_out:  # a sender that slow is not waited for again
+                await self._drain(receive, declared, received=held)
+            await _end_response(receive, send)
 
     async def _drain(self, receive: Receive, declared: int | None, received: int) -> None:
         """Read and drop what is left of a body answered early (bounded in bytes and
@@ -197,6 +198,23 @@ class RequestLimits:
                     dropped += len(message.get("body", b""))
                     if not message.get("more_body", False):
                         return
+
+
+async def _end_response(receive: Receive, send: Send) -> None:
+    """Send the held end of a response while dropping whatever the server still
+    queues for the request. Hypercorn closes the request's stream inside that send and
+    queues ``http.disconnect`` behind the unread body chunks on a queue of
+    ``max_app_queue_size`` events: with the queue full and nobody reading, the send
+    (and with it the connection) would wait forever."""
+
+    async def discard() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(discard)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        tg.cancel_scope.cancel()
 
 
 _NO_SLOT = contextlib.nullcontext()

@@ -334,7 +334,11 @@ def send(
             )
         return resp
     except httpx.TransportError as exc:
-        print(f"FUZZ FAILURE: {method} {url}: {exc!r}", file=sys.stderr)
+        print(
+            f"FUZZ FAILURE: {method} {url} headers={headers!r} "
+            f"body={(content or b'')[:600]!r}: {exc!r}",
+            file=sys.stderr,
+        )
         pytest.fail(
             f"connection dropped or timed out: {method} {url} headers={headers!r} "
             f"body={(content or b'')[:300]!r}: {exc!r}"
@@ -1421,11 +1425,6 @@ AUTH_BODIES = {
 }
 
 
-@pytest.mark.skip(
-    reason="known server hang, open in issue 11: on the secured stack, after the config write "
-    'of {"sie_id": "fuzz/m1", profiles default and "\\u00dc\\udb86\\udec2\\u0003d..."} '
-    "(both OpenAIUpstreamGenerator), every later request to both ports timed out"
-)
 @given(data=st.data())
 @fuzz_settings(300)
 def test_fuzz_auth(secured_stack: Stack, client: httpx.Client, data: st.DataObject) -> None:

@@ -291,3 +291,115 @@ def test_concurrent_requests_never_overshoot_the_stream_pending_limit() -> None:
         final = s.portal.call(s.running.bus.stream_info, stream_name("default")).messages
     assert sorted(statuses) == [503] * 11 + [504] * 5, statuses
     assert max(peak[0], final) <= 5000
+
+
+# -- keep-alive after early answers -------------------------------------------------------
+# Hypercorn queues at most ``max_app_queue_size`` (2) events per request for the app and
+# queues ``http.disconnect`` behind them when the stream closes: an answer given without
+# reading the body used to leave that put waiting forever, so the next request on the
+# connection was never read (found by the fuzzer's token-auth part).
+
+
+@pytest.fixture(scope="module")
+def secured() -> Iterator[Stack]:
+    with run_stack(
+        roles=("gateway", "config"), auth_mode="token", auth_token="user", admin_token="admin"
+    ) as s:
+        yield s
+
+
+def _exchange(sock: socket.socket, request: bytes, timeout_s: float = 5.0) -> bytes:
+    """Send one request on ``sock`` and read one whole response (Content-Length)."""
+    sock.settimeout(timeout_s)
+    sock.sendall(request)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed before a response: {data[:200]!r}"
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed inside a response"
+        rest += chunk
+    return head
+
+
+def _post(path: str, body: bytes, headers: str = "", ctype: str = "application/json") -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\n{headers}"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def _chunked(path: str, parts: list[bytes], headers: str = "") -> bytes:
+    body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode() + body
+
+
+@pytest.mark.parametrize("port", ["gateway", "config"])
+@pytest.mark.parametrize(
+    ("case", "status"),
+    [
+        ("no-token", b"401"),
+        ("no-token-chunked", b"401"),
+        ("bad-charset", b"415"),
+        ("unread-body", b"200"),
+    ],
+)
+def test_the_next_request_on_a_connection_is_served_after_an_early_answer(
+    secured: Stack, port: str, case: str, status: bytes
+) -> None:
+    """Three requests whose bodies the server never reads, then a normal one, all on
+    one connection: each is answered within 5 s."""
+    num = secured.running.gateway_port if port == "gateway" else secured.running.config_port
+    path = ENCODE if port == "gateway" else "/v1/configs/models"
+    body = json.dumps(ONE).encode()
+    auth = "Authorization: Bearer admin\r\n"
+    early = {
+        "no-token": _post(path, body),
+        "no-token-chunked": _chunked(path, [b"{", *(b" " for _ in range(40)), b"}"]),
+        "bad-charset": _post(path, body, auth, ctype="application/json; charset=utf-7"),
+        "unread-body": (  # a GET route ignores the body it was sent
+            f"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        + body,
+    }[case]
+    with socket.create_connection(("127.0.0.1", num), timeout=10) as sock:
+        for _ in range(3):
+            head = _exchange(sock, early)
+            assert head.split(b" ")[1] == status, head[:300]
+        head = _exchange(sock, f"GET /healthz HTTP/1.1\r\nHost: x\r\n{auth}\r\n".encode())
+        assert head.startswith(b"HTTP/1.1 200"), head[:300]
+
+
+def test_an_early_answer_to_a_body_too_big_to_drain_closes_the_connection(
+    secured: Stack,
+) -> None:
+    """A 64 MiB body declared without a token: the 401 comes before the body is read,
+    and the server then closes the connection instead of reading the rest or
+    leaving it open (bounded: nothing is held for that client)."""
+    with socket.create_connection(("127.0.0.1", secured.running.gateway_port)) as sock:
+        head = (
+            f"POST {ENCODE} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {64 * 1024 * 1024}\r\n\r\n"
+        ).encode()
+        sock.settimeout(10)
+        sock.sendall(head + b"[" * 65536)
+        started = time.monotonic()
+        data = b""
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 401"), data[:300]
+        assert time.monotonic() - started < 5
