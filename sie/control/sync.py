@@ -23,7 +23,9 @@ Startup never blocks on the authority: ``run`` signals started at once.
 
 from __future__ import annotations
 
+import functools
 import logging
+import ssl
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -163,6 +165,7 @@ class ConfigSync:
             headers=headers,
             timeout=self.request_timeout_s,
             transport=self.transport,
+            verify=_tls_context(),
         )
 
     @staticmethod
@@ -398,3 +401,10 @@ class ConfigSync:
         if self.metrics is not None:
             self.metrics.config_epoch.labels(self.role).set(self.epoch.get())
             self.metrics.config_bootstrap_degraded.labels(self.role).set(int(self.degraded))
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """httpx's default verifying context, built once per process: building it loads the
+    CA bundle, about 30 ms of event-loop time that each poll's client used to pay."""
+    return httpx.create_ssl_context()

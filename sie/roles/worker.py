@@ -320,13 +320,29 @@ class WorkerRole:
                 consumer = await self._attach()
                 continue
             for msg in msgs:
+                try:
+                    item: WorkItem | None = WorkItem.from_bytes(msg.data)
+                except SieError:
+                    item = None  # settled by _handle_one, with the reply salvaged
+                if item is not None and item.request_id in self._cancelled:
+                    await self._drop_cancelled(msg, item)  # no task for work nobody awaits
+                    continue
                 await self._inflight.acquire()
-                tg.start_soon(self._handle, msg)
+                tg.start_soon(self._handle, msg, item)
 
-    async def _handle(self, msg: JsMsg) -> None:
+    async def _drop_cancelled(self, msg: JsMsg, item: WorkItem) -> None:
+        """Ack an item of a request its gateway abandoned, before any work (§8)."""
+        try:
+            await msg.ack()
+        except Exception as exc:  # nothing may stop the pull loop; it is redelivered
+            log.warning("cannot ack cancelled item %s: %s", item.work_item_id, exc)
+            return
+        self.metrics.work_items.labels(item.model_id, "cancelled").inc()
+
+    async def _handle(self, msg: JsMsg, item: WorkItem | None = None) -> None:
         """Settle one message; nothing raised here may stop the worker."""
         try:
-            await self._handle_one(msg)
+            await self._handle_one(msg, item)
         except Exception:
             log.exception(
                 "unexpected failure handling a work item on %s; NAK for redelivery", msg.subject
@@ -339,9 +355,9 @@ class WorkerRole:
         finally:
             self._inflight.release()
 
-    async def _handle_one(self, msg: JsMsg) -> None:
+    async def _handle_one(self, msg: JsMsg, decoded: WorkItem | None = None) -> None:
         try:
-            item = WorkItem.from_bytes(msg.data)
+            item = decoded if decoded is not None else WorkItem.from_bytes(msg.data)
         except SieError as exc:
             log.error("undecodable work item on %s: %s; terminating it", msg.subject, exc.message)
             salvaged = salvage_reply(msg.data)

@@ -92,11 +92,35 @@ class _Stream:
     next_seq: int = 1
     consumers: dict[str, _Consumer] = field(default_factory=dict)
     dedupe: dict[str, tuple[int, float]] = field(default_factory=dict)
-    changed: anyio.Event = field(default_factory=anyio.Event)
+    #: seq → message delivered and not settled; checked lazily (``in_flight_now``)
+    flying: dict[int, _Stored] = field(default_factory=dict)
+    _changed: anyio.Event | None = None
 
     def notify(self) -> None:
-        self.changed.set()
-        self.changed = anyio.Event()
+        """Wake the fetches waiting for a change (an event is made only for waiters:
+        every publish and ack calls this)."""
+        changed = self._changed
+        if changed is not None:
+            self._changed = None
+            changed.set()
+
+    def changed(self) -> anyio.Event:
+        """The event the next ``notify`` sets."""
+        if self._changed is None:
+            self._changed = anyio.Event()
+        return self._changed
+
+    def in_flight_now(self, now: float) -> int:
+        """Delivered, unsettled messages still inside their ack wait: O(in flight),
+        not O(stream)."""
+        n = 0
+        msgs = self.msgs
+        for seq, m in list(self.flying.items()):
+            if not m.in_flight or msgs.get(seq) is not m:
+                del self.flying[seq]  # settled, expired or discarded since
+            elif m.available_at > now:
+                n += 1
+        return n
 
     def expire(self, now: float) -> None:
         cutoff = now - self.config.max_age_s
@@ -188,7 +212,7 @@ class _MemPullConsumer:
             out: list[JsMsg] = []
             dead: list[_Stored] = []
             next_wake = math.inf
-            in_flight = sum(1 for m in stream.msgs.values() if m.in_flight and m.available_at > now)
+            in_flight = stream.in_flight_now(now)
             for m in stream.msgs.values():
                 if m.dead or not subject_matches(cfg.filter_subject, m.subject):
                     continue
@@ -205,6 +229,7 @@ class _MemPullConsumer:
                     consumer.redelivered += 1
                 m.delivered += 1
                 m.in_flight = True
+                stream.flying[m.seq] = m
                 m.available_at = now + cfg.ack_wait_s
                 in_flight += 1
                 out.append(_MemJsMsg(stream, m))
@@ -225,7 +250,7 @@ class _MemPullConsumer:
             if now >= deadline:
                 return []
             with anyio.move_on_after(min(deadline, next_wake) - now):
-                await stream.changed.wait()
+                await stream.changed().wait()
 
     async def info(self) -> ConsumerInfo:
         stream, consumer = self._parts()
