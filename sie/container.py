@@ -26,9 +26,9 @@ from sie.http.config import build_config_app
 from sie.http.gateway import build_gateway_app
 from sie.http.limits import BodyBudget
 from sie.http.server import serve_app
-from sie.roles._trust import config_trust
 from sie.roles.config import ConfigRole
 from sie.roles.gateway import GatewayRole
+from sie.roles.trust import config_trust
 from sie.roles.worker import WorkerRole
 from sie.settings import ServeSettings, is_loopback
 from sie.telemetry import METRICS, Metrics

@@ -93,7 +93,7 @@ class Metrics:
             ["model"],
             registry=self.registry,
         )
-        # per-lane gateway admission (architecture §2; bounded labels, see roles._lanes)
+        # per-lane gateway admission (architecture §2; bounded labels, see sie.roles.gateway.lanes)
         self.lane_gauges = LaneGauges()
         self.registry.register(self.lane_gauges)
         self.lane_admission_decisions = Counter(

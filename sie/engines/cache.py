@@ -110,7 +110,7 @@ class ModelCache:
         allowed_modules: the worker bundle's adapter modules (what may be imported), or a
             callable returning them at load time (the bundle may arrive from the config
             service after the cache is built).
-        run_batch: builds the batch function for an engine (see ``roles._tasks``).
+        run_batch: builds the batch function for an engine (see ``sie.roles.worker.tasks``).
         device: torch device string, e.g. ``"cpu"``.
         max_batch_requests / max_batch_wait_s: batcher limits (reference §4.6).
         engine_concurrency: engine calls of one model that may run at once on a CPU,

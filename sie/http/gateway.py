@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sie import __version__
 from sie.control import catalog
 from sie.core.errors import SieError
+from sie.core.ids import uuid7
 from sie.core.registry import ModelEntry
 from sie.http.auth import AuthMiddleware, AuthPolicy, gateway_decision
 from sie.http.errors import (
@@ -45,7 +46,7 @@ from sie.http.inference import encode, extract, score
 from sie.http.limits import BodyBudget, RequestLimits
 from sie.http.negotiation import read_payload
 from sie.http.openai import embeddings
-from sie.roles.gateway import GatewayRole, uuid7
+from sie.roles.gateway import GatewayRole
 from sie.telemetry import METRICS, Metrics
 
 __all__ = ["build_gateway_app", "model_info"]

@@ -34,8 +34,8 @@ from sie.core.errors import GatewayTimeout, InvalidInput, SieError
 from sie.core.nesting import DEFAULT_MAX_DEPTH, too_deep
 from sie.http.errors import openai_error
 from sie.http.negotiation import check_charset, decode_off_loop, read_body
-from sie.roles._gen_dispatch import chunk_error
 from sie.roles.gateway import GatewayRole
+from sie.roles.gateway.generation import chunk_error
 
 __all__ = ["chat_completions", "completions", "generate", "scan_routing_fields"]
 

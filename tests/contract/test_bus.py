@@ -325,7 +325,7 @@ async def test_get_message_and_limits_retention(bus: Bus) -> None:
 
 async def test_dead_letters_after_max_deliver(bus: Bus) -> None:
     """A work item that always fails lands in DEAD_LETTERS after max_deliver (§8)."""
-    from sie.roles._dlq import DeadLetters
+    from sie.roles.gateway.dlq import DeadLetters
 
     dlq = DeadLetters(bus)
     async with anyio.create_task_group() as tg:

@@ -36,7 +36,7 @@ from sie.core.admission import (
 from sie.core.errors import AdmissionRejected
 from sie.engines.engine_observer import EngineObserver
 from sie.http.errors import error_headers
-from sie.roles._admission import AdmissionGate
+from sie.roles.gateway.admission import AdmissionGate
 from sie.telemetry import Metrics
 from tests.loopback import loopback_config
 

@@ -20,7 +20,7 @@ from sie.core.admission import (
 )
 from sie.core.errors import AdmissionRejected, error_for_code
 from sie.engines.engine_observer import EngineMetricsError, parse_engine_metrics
-from sie.roles._admission import admission_config
+from sie.roles.gateway.admission import admission_config
 from sie.settings import ENV_VARS, ServeSettings
 
 CFG = AdmissionConfig(max_inflight=4)

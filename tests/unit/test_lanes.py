@@ -7,7 +7,7 @@ import gc
 
 from prometheus_client import generate_latest
 
-from sie.roles._lanes import OVERFLOW_LANE, LaneTelemetry
+from sie.roles.gateway.lanes import OVERFLOW_LANE, LaneTelemetry
 from sie.telemetry import Metrics
 
 A = ("default", "l4", "default")

@@ -64,16 +64,76 @@ def test_layers(package: str) -> None:
     assert bad == []
 
 
+ROLES = SIE / "roles"
+
+
 def test_roles_do_not_import_each_other() -> None:
-    # private helpers (``_x.py``) are shared wiring, not roles
-    roles = {p.stem for p in (SIE / "roles").glob("*.py") if not p.stem.startswith("_")}
-    bad = [
-        f"{f.name} imports {m}"
-        for f in (SIE / "roles").glob("*.py")
-        for m in imports_of(f)
-        if m.startswith("sie.roles.") and m.split(".")[2] in roles and m.split(".")[2] != f.stem
-    ]
+    """A role package (``sie/roles/<role>/``) imports no other role package; the
+    shared wiring beside them (``sie/roles/*.py``) imports none."""
+    roles = {p.name for p in ROLES.iterdir() if (p / "__init__.py").exists()}
+    assert roles == {"config", "gateway", "worker"}
+    bad = []
+    for f in ROLES.rglob("*.py"):
+        rel = f.relative_to(ROLES)
+        own = rel.parts[0] if len(rel.parts) > 1 else None
+        for m in imports_of(f):
+            parts = m.split(".")
+            if parts[:2] == ["sie", "roles"] and len(parts) > 2 and parts[2] in roles:
+                if parts[2] != own:
+                    bad.append(f"roles/{rel} imports {m}")
     assert bad == []
+
+
+def _private_imports(path: Path, source: str | None = None) -> list[str]:
+    """``sie`` modules or names the file at ``path`` (repository-relative location;
+    ``source`` its text if not read from there) imports whose name starts with ``_``
+    from a package other than its own: ``sie.a._x`` is importable only in ``sie/a/``."""
+    tree = ast.parse(path.read_text() if source is None else source)
+    rel = path.resolve()
+    bad = []
+    for node in ast.walk(tree):
+        targets: list[tuple[str, str]] = []  # (module path, imported name or "")
+        if isinstance(node, ast.Import):
+            targets = [(a.name, "") for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets = [(node.module, a.name) for a in node.names]
+        for module, name in targets:
+            parts = module.split(".")
+            if parts[0] != "sie":
+                continue
+            private = next((i for i, p in enumerate(parts) if p.startswith("_")), None)
+            if private is not None:
+                owner = SIE.parent.joinpath(*parts[:private])
+            elif name.startswith("_"):
+                owner = SIE.parent.joinpath(*parts[:-1]) if len(parts) > 1 else SIE
+                if SIE.parent.joinpath(*parts).is_dir():
+                    owner = SIE.parent.joinpath(*parts)
+            else:
+                continue
+            if owner.resolve() not in rel.parents:
+                bad.append(f"{path.relative_to(SIE.parent)} imports {module} {name}".strip())
+    return bad
+
+
+def test_no_import_of_another_packages_private_module() -> None:
+    """``_x`` modules and ``_names`` stay inside their package: not imported by other
+    packages of ``sie``, by the tests or by the benchmarks."""
+    root = SIE.parent
+    files = [*SIE.rglob("*.py"), *(root / "tests").rglob("*.py"), *(root / "bench").rglob("*.py")]
+    bad = [b for f in files for b in _private_imports(f)]
+    assert bad == []
+
+
+def test_the_private_import_check_can_fail() -> None:
+    code = "from sie.transport._buffered import BufferedSubscription\nfrom sie.http.limits import _drain\n"
+    outside = SIE.parent / "tests" / "unit" / "probe.py"
+    assert _private_imports(outside, code) == [
+        "tests/unit/probe.py imports sie.transport._buffered BufferedSubscription",
+        "tests/unit/probe.py imports sie.http.limits _drain",
+    ]
+    assert _private_imports(SIE / "transport" / "probe.py", code) == [
+        "sie/transport/probe.py imports sie.http.limits _drain"
+    ]
 
 
 def test_only_wire_imports_ormsgpack_and_only_container_names_adapters() -> None:

@@ -5,7 +5,7 @@ Lane: ``sie.work.{pool}.{machine_profile}.{bundle}.*`` on stream
 ``{bundle}_{machine_profile}``. For each work item (§16.2 step 3): decode, resolve
 the model in the local registry, load it on first use (``sie.engines.cache``: memory
 budget, LRU eviction), run its operation (encode, score or extract) through the
-model's token-budget batcher (``sie.roles._tasks``), publish the ``WorkResult`` on
+model's token-budget batcher (``sie.roles.worker.tasks``), publish the ``WorkResult`` on
 the item's ``reply_subject``, and only then ack. A failing item yields an error result with
 a code (the worker never dies of bad input); a result that cannot be published
 is NAKed for redelivery, so acknowledged work is never lost.
@@ -43,10 +43,10 @@ from sie.core.wire import (
 )
 from sie.engines.cache import ModelCache, device_memory_bytes
 from sie.engines.weights import weights_bytes
-from sie.roles._config_sync import build_config_sync, run_config_sync
-from sie.roles._generate import run_generation
-from sie.roles._tasks import engine_batch_fn, run_task
-from sie.roles._trust import config_trust
+from sie.roles.config_sync import build_config_sync, run_config_sync
+from sie.roles.trust import config_trust
+from sie.roles.worker.generation import run_generation
+from sie.roles.worker.tasks import engine_batch_fn, run_task
 from sie.settings import ServeSettings
 from sie.telemetry import METRICS, Metrics, tracer
 from sie.transport.base import (
@@ -75,7 +75,7 @@ class WorkerRole:
     """Consumes one lane and serves every model of its bundle.
 
     ``trust``: the operator's policy each model load is checked against (default: built
-    from ``settings``, ``sie.roles._trust``; docs/security.md "Trust model").
+    from ``settings``, ``sie.roles.trust``; docs/security.md "Trust model").
     """
 
     def __init__(

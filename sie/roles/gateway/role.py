@@ -11,7 +11,6 @@ model states. The role knows nothing of HTTP.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from sie.core.errors import (
     WireError,
     error_for_code,
 )
+from sie.core.ids import uuid7
 from sie.core.registry import ModelEntry, ModelRegistry
 from sie.core.subjects import (
     HEALTH_WILDCARD,
@@ -45,16 +45,16 @@ from sie.core.subjects import (
     work_subject,
 )
 from sie.core.wire import Heartbeat, WorkItem, WorkResult, packb
-from sie.roles._admission import AdmissionGate, admission_config
-from sie.roles._config_sync import build_config_sync, run_config_sync
-from sie.roles._dlq import DeadLetters
-from sie.roles._gen_dispatch import GenerationDispatch
-from sie.roles._lanes import Lane, LaneTelemetry
+from sie.roles.config_sync import build_config_sync, run_config_sync
+from sie.roles.gateway.admission import AdmissionGate, admission_config
+from sie.roles.gateway.dlq import DeadLetters
+from sie.roles.gateway.generation import GenerationDispatch
+from sie.roles.gateway.lanes import Lane, LaneTelemetry
 from sie.settings import ServeSettings
 from sie.telemetry import METRICS, Metrics
 from sie.transport.base import Bus, NoStreamError, StreamFullError, work_stream_config
 
-__all__ = ["Collected", "GatewayRole", "uuid7"]
+__all__ = ["Collected", "GatewayRole"]
 
 log = logging.getLogger(__name__)
 
@@ -66,21 +66,6 @@ YIELD_EVERY = 128
 
 #: Worker codes that mean "retry later" when every item carries the same one (§2).
 RETRYABLE_CODES = frozenset({"RESOURCE_EXHAUSTED", "MODEL_LOADING", "LORA_LOADING"})
-
-
-def uuid7() -> str:
-    """A time-ordered UUIDv7 string (RFC 9562), the gateway's request id format."""
-    ms = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10), "big")
-    value = (
-        (ms & ((1 << 48) - 1)) << 80
-        | 0x7 << 76
-        | ((rand >> 62) & 0xFFF) << 64
-        | 0b10 << 62
-        | (rand & ((1 << 62) - 1))
-    )
-    h = f"{value:032x}"
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 @dataclass(slots=True)

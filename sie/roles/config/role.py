@@ -24,7 +24,7 @@ from sie.core.epoch import ConfigEpoch
 from sie.core.errors import ContentConflict, SieError
 from sie.core.registry import SOURCE_API, SOURCE_FILESYSTEM, ModelRegistry
 from sie.core.trust import ConfigTrust
-from sie.roles._trust import config_trust
+from sie.roles.trust import config_trust
 from sie.settings import ServeSettings
 from sie.telemetry import METRICS, Metrics
 
@@ -80,7 +80,7 @@ class ConfigRole:
     """Holds the ``ConfigAuthority``. Start ``run`` in a task group.
 
     ``trust``: what writes may ask of workers, checked before anything is persisted
-    (default: built from ``settings``, ``sie.roles._trust``; docs/security.md "Trust
+    (default: built from ``settings``, ``sie.roles.trust``; docs/security.md "Trust
     model"). Seed and restored configs are not checked here: workers check every load.
     """
 

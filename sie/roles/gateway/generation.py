@@ -37,8 +37,8 @@ from sie.core.errors import (
 from sie.core.registry import ModelEntry, ModelRegistry
 from sie.core.subjects import cancel_subject, direct_subject, inbox_subject
 from sie.core.wire import GenerationChunk, Heartbeat, WorkItem
-from sie.roles._admission import AdmissionGate
-from sie.roles._lanes import LaneTelemetry
+from sie.roles.gateway.admission import AdmissionGate
+from sie.roles.gateway.lanes import LaneTelemetry
 from sie.telemetry import tracer
 from sie.transport.base import Bus
 

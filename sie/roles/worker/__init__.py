@@ -1,0 +1,10 @@
+"""The worker role: pull work items, batch them through engines, publish results.
+
+- ``role``: ``WorkerRole``, the pull loop, heartbeats and cancellation;
+- ``tasks``: encode, score and extract items through an engine's batcher;
+- ``generation``: generation requests streamed from an engine.
+"""
+
+from sie.roles.worker.role import WorkerRole
+
+__all__ = ["WorkerRole"]
