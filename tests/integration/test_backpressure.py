@@ -24,7 +24,7 @@ def test_stream_pending_limit_is_503_queue_full() -> None:
         assert [c.post(URL, json=ONE).status_code for _ in range(2)] == [504, 504]
         gw = s.running.gateway
         assert gw is not None
-        gw._stream_pending_cache.clear()
+        gw.pending.forget_readings()
         r = c.post(URL, json=ONE)
         assert r.status_code == 503, r.text
         assert r.headers["Retry-After"] == "5" and r.headers["X-SIE-Error-Code"] == "QUEUE_FULL"

@@ -552,7 +552,7 @@ def test_unserved_machine_profile_is_provisioning(client: httpx.Client, stack: S
 
     gw = stack.running.gateway
     assert gw is not None
-    while time.monotonic() - gw._started_mono < 3 * stack.settings.heartbeat_interval_s:
+    while gw.directory.in_startup_grace():
         time.sleep(0.1)
     r = client.post(URL, json={"items": [{"text": "a"}]}, headers={"X-SIE-Machine-Profile": "h100"})
     assert r.status_code == 503 and r.json()["error"]["code"] == "PROVISIONING"

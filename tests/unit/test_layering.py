@@ -78,9 +78,9 @@ def test_roles_do_not_import_each_other() -> None:
         own = rel.parts[0] if len(rel.parts) > 1 else None
         for m in imports_of(f):
             parts = m.split(".")
-            if parts[:2] == ["sie", "roles"] and len(parts) > 2 and parts[2] in roles:
-                if parts[2] != own:
-                    bad.append(f"roles/{rel} imports {m}")
+            other = parts[2] if parts[:2] == ["sie", "roles"] and len(parts) > 2 else None
+            if other in roles and other != own:
+                bad.append(f"roles/{rel} imports {m}")
     assert bad == []
 
 

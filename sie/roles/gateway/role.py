@@ -13,25 +13,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import anyio.abc
-import anyio.lowlevel
 
-from sie.control.ack_status import WorkerAck, worker_ack_status
-from sie.core.config import POOL_RE
+from sie.control.ack_status import worker_ack_status
 from sie.core.errors import (
     Backpressure,
     GatewayTimeout,
-    InferenceError,
-    InvalidInput,
     Provisioning,
     ShuttingDown,
     SieError,
-    WireError,
-    error_for_code,
 )
 from sie.core.ids import uuid7
 from sie.core.registry import ModelEntry, ModelRegistry
@@ -41,75 +34,27 @@ from sie.core.subjects import (
     config_subject,
     inbox_subject,
     inbox_wildcard,
-    stream_name,
     work_subject,
 )
-from sie.core.wire import Heartbeat, WorkItem, WorkResult, packb
+from sie.core.wire import Heartbeat, WorkItem, WorkResult
 from sie.roles.config_sync import build_config_sync, run_config_sync
 from sie.roles.gateway.admission import AdmissionGate, admission_config
+from sie.roles.gateway.collect import Collected, Collector, raise_failures
+from sie.roles.gateway.directory import WorkerDirectory
 from sie.roles.gateway.dlq import DeadLetters
 from sie.roles.gateway.generation import GenerationDispatch
 from sie.roles.gateway.lanes import Lane, LaneTelemetry
+from sie.roles.gateway.pending import StreamPending
+from sie.roles.gateway.publish import WorkPublisher
+from sie.roles.gateway.requests import check_request, lane_of
+from sie.roles.gateway.work import encode_work
 from sie.settings import ServeSettings
 from sie.telemetry import METRICS, Metrics
-from sie.transport.base import Bus, NoStreamError, StreamFullError, work_stream_config
+from sie.transport.base import Bus
 
-__all__ = ["Collected", "GatewayRole"]
+__all__ = ["GatewayRole"]
 
 log = logging.getLogger(__name__)
-
-#: Most JetStream publishes of one request awaiting their acks at once (§8.2).
-PUBLISH_CONCURRENCY = 64
-#: Work items a request builds or publishes between two yields to the event loop, so
-#: a 4096-item request never holds it for long (docs/security.md "Liveness").
-YIELD_EVERY = 128
-
-#: Worker codes that mean "retry later" when every item carries the same one (§2).
-RETRYABLE_CODES = frozenset({"RESOURCE_EXHAUSTED", "MODEL_LOADING", "LORA_LOADING"})
-
-
-@dataclass(slots=True)
-class _Collector:
-    total: int
-    results: list[WorkResult | None]
-    remaining: int
-    done: anyio.Event = field(default_factory=anyio.Event)
-
-
-@dataclass(slots=True)
-class Collected:
-    """All results of one request, in input order, plus routing facts for headers.
-
-    Times are milliseconds.
-    """
-
-    request_id: str
-    entry: ModelEntry
-    results: list[WorkResult]
-    publish_ms: float
-    total_ms: float
-
-    def timing(self) -> dict[str, float]:
-        def mx(attr: str) -> float:
-            return max((getattr(r, attr) or 0.0) for r in self.results) if self.results else 0.0
-
-        return {
-            "publish_ms": self.publish_ms,
-            "queue_ms": mx("queue_ms"),
-            "inference_ms": mx("inference_ms"),
-            "tokenization_ms": mx("tokenization_ms"),
-            "total_ms": self.total_ms,
-        }
-
-    @property
-    def workers(self) -> list[str]:
-        return sorted({r.worker_id for r in self.results if r.worker_id})
-
-
-@dataclass(slots=True)
-class WorkerView:
-    heartbeat: Heartbeat
-    seen_at: float
 
 
 class GatewayRole:
@@ -128,21 +73,15 @@ class GatewayRole:
         self.registry = registry
         self.settings = settings
         self.router_id = settings.router_id
-        self._pending: dict[str, _Collector] = {}
+        self._pending: dict[str, Collector] = {}
         self._given_up = False
         self.late_results = 0
         # per-lane in-flight items, admission decisions and pending demand (§2)
         self.lanes = LaneTelemetry(metrics)
-        self._stream_pending_cache: dict[str, tuple[int, float]] = {}
-        # per pool: items admitted and not yet published, and items published since the
-        # last broker reading began; the pending check adds both to that reading, so
-        # concurrent requests cannot overshoot the limit
-        self._unpublished: dict[str, int] = {}
-        self._unread_published: dict[str, int] = {}
-        self._streams: set[str] = set()
-        self.workers: dict[str, WorkerView] = {}
+        self.pending = StreamPending(bus, settings)  # items per pool's work stream
+        self.publisher = WorkPublisher(bus, self.pending, self.lanes)
+        self.directory = WorkerDirectory(settings.heartbeat_interval_s)
         self.started_at = time.time()
-        self._started_mono = time.monotonic()
         self.sync = build_config_sync(
             registry,
             settings,
@@ -184,25 +123,12 @@ class GatewayRole:
         Raises:
             ModelNotFound: unknown base model id.
         """
-        live = {hb.worker_id for hb in self.live_workers()}
-        acks = [
-            WorkerAck(
-                worker_id=w.heartbeat.worker_id,
-                bundle=w.heartbeat.bundle,
-                pool=w.heartbeat.pool,
-                bundle_config_hash=w.heartbeat.bundle_config_hash,
-                healthy=w.heartbeat.worker_id in live and w.heartbeat.ready,
-            )
-            for w in self.workers.values()
-        ]
+        acks = self.directory.acks()
         return worker_ack_status(self.registry.snapshot, model_id, acks, self.epoch.get())
 
     def connected_workers(self) -> dict[str, int]:
         """Live workers per bundle."""
-        out: dict[str, int] = {}
-        for hb in self.live_workers():
-            out[hb.bundle] = out.get(hb.bundle, 0) + 1
-        return out
+        return self.directory.connected()
 
     async def _read_inbox(self, sub: Any) -> None:
         async for msg in sub:
@@ -224,9 +150,7 @@ class GatewayRole:
             if col is None or not 0 <= result.item_index < col.total:
                 continue  # finished, abandoned or stale: drop (architecture §16.2 step 4)
             if result.worker_id is not None:  # a result is proof of life (docs/security.md)
-                view = self.workers.get(result.worker_id)
-                if view is not None:
-                    view.seen_at = time.monotonic()
+                self.directory.saw(result.worker_id)
             if col.results[result.item_index] is None:
                 col.results[result.item_index] = result
                 col.remaining -= 1
@@ -239,55 +163,24 @@ class GatewayRole:
                 hb = Heartbeat.from_bytes(msg.data)
             except SieError:
                 continue
-            self.workers[hb.worker_id] = WorkerView(hb, time.monotonic())
+            self.directory.observe(hb)
             self.generation.observe_heartbeat(hb)
 
     def live_workers(self) -> list[Heartbeat]:
         """Workers heard from within three heartbeat intervals."""
-        now = time.monotonic()
-        return [
-            w.heartbeat
-            for w in self.workers.values()
-            if now - w.seen_at <= 3 * max(w.heartbeat.interval_s, 0.1)
-        ]
+        return self.directory.live()
 
     def lane_served(self, pool: str, machine_profile: str, bundle: str) -> bool:
-        """Whether a live worker consumes this lane (architecture §2 provisioning rule).
-
-        Until the gateway has been up for three heartbeat intervals it cannot know,
-        and answers True so that early requests queue rather than fail.
-        """
-        lane = (pool, machine_profile, bundle)
-        if any(
-            (hb.pool.lower(), hb.machine_profile.lower(), hb.bundle) == lane
-            for hb in self.live_workers()
-        ):
-            return True
-        return time.monotonic() - self._started_mono < 3 * self.settings.heartbeat_interval_s
+        """Whether a live worker consumes this lane (``WorkerDirectory.lane_served``)."""
+        return self.directory.lane_served(pool, machine_profile, bundle)
 
     def model_state(self, model_id: str) -> tuple[str, dict[str, Any] | None]:
-        """Aggregate state over live workers (reference §1.9 precedence):
-        loading > unloading > loaded > failed > available."""
-        states: list[str] = []
-        last_error = None
-        for m in self._model_reports(model_id):
-            states.append(m.get("state", "available"))
-            last_error = m.get("last_error") or last_error
-        for s in ("loading", "unloading", "loaded", "failed"):
-            if s in states:
-                return s, last_error
-        return "available", last_error
+        """Aggregate state over live workers (``WorkerDirectory.model_state``)."""
+        return self.directory.model_state(model_id)
 
     def model_counts(self, model_id: str) -> dict[str, int]:
-        """Loads and evictions of ``model_id`` summed over live workers (reference §4.5)."""
-        reports = self._model_reports(model_id)
-        return {
-            "loads": sum(int(m.get("loads", 0)) for m in reports),
-            "evictions": sum(int(m.get("evictions", 0)) for m in reports),
-        }
-
-    def _model_reports(self, model_id: str) -> list[dict[str, Any]]:
-        return [m for hb in self.live_workers() for m in hb.models if m.get("name") == model_id]
+        """Loads and evictions over live workers (``WorkerDirectory.model_counts``)."""
+        return self.directory.model_counts(model_id)
 
     async def _admit(self, lane: Lane, pool: str, n_items: int, *, record: bool = True) -> None:
         """Backpressure (architecture §2). The per-lane decision against this gateway's
@@ -308,11 +201,7 @@ class GatewayRole:
         shed = over and s.lane_backpressure_enforce
         if record:
             self.lanes.decision(lane, "shed" if shed else "would_shed" if over else "admit")
-        pending = (
-            await self._stream_pending(pool)
-            + self._unread_published.get(pool, 0)
-            + self._unpublished.get(pool, 0)
-        )
+        pending = await self.pending.count(pool)
         if pending + max(n_items, 1) > s.max_stream_pending:
             self.lanes.record_demand(lane, "queue_full")
             raise Backpressure(
@@ -347,38 +236,6 @@ class GatewayRole:
             return
         await self._admit(self.lanes.lane(pool_, profile, bundle), pool_, 0, record=False)
 
-    async def _stream_pending(self, pool: str) -> int:
-        now = time.monotonic()
-        cached = self._stream_pending_cache.get(pool)
-        if cached is not None and now - cached[1] < 0.25:
-            return cached[0]
-        published = self._unread_published.get(pool, 0)
-        try:
-            count = (await self.bus.stream_info(stream_name(pool))).messages
-        except NoStreamError:
-            count = 0
-        except SieError as exc:  # the bus is away: the publish will say so (503)
-            log.debug("stream pending check failed: %s", exc.message)
-            return 0
-        # what was published before the reading began is in its count
-        self._unread_published[pool] = self._unread_published.get(pool, 0) - published
-        self._stream_pending_cache[pool] = (count, now)
-        return count
-
-    async def _ensure_stream(self, pool: str) -> None:
-        if pool not in self._streams:
-            s = self.settings
-            await self.bus.add_stream(
-                work_stream_config(
-                    pool,
-                    max_msgs=s.stream_max_msgs,
-                    max_age_s=s.stream_max_age_s,
-                    storage=s.stream_storage,
-                    replicas=s.stream_replicas,
-                )
-            )
-            self._streams.add(pool)
-
     def _prepare(
         self,
         model_id: str,
@@ -386,41 +243,8 @@ class GatewayRole:
         task: str | None,
         texts: list[tuple[str, Any]],
     ) -> tuple[ModelEntry, str]:
-        """Resolve ``model_id`` and check the request before anything is published:
-        the item count, the model's ``task`` (``score`` / ``extract``), and every text
-        (``texts`` plus each item's) against ``max_text_chars``.
-
-        Raises:
-            ModelNotFound: unknown model (404).
-            InvalidInput: too many items, a missing task, or a text too long (400).
-        """
-        limit = self.settings.max_items_per_request
-        if len(items) > limit:
-            raise InvalidInput(
-                f"items: at most {limit} items per request, got {len(items)}", field="items"
-            )
-        entry, bundle = self.registry.resolve(model_id)
-        if task is not None and getattr(entry.config.tasks, task) is None:
-            verb = {"score": "scoring", "extract": "extraction"}.get(task, task)
-            raise InvalidInput(
-                f"model {entry.model_id!r} does not support {verb} (no tasks.{task})",
-                field="model",
-            )
-        chars = self.settings.max_text_chars
-        all_texts = texts + [(f"items[{i}].text", it.get("text")) for i, it in enumerate(items)]
-        for name, text in all_texts:
-            if isinstance(text, str) and len(text) > chars:
-                window = entry.config.max_sequence_length
-                why = (
-                    f" (the model reads at most {window} tokens)"
-                    if window and task != "extract"  # extract reads long texts in windows
-                    else ""
-                )
-                raise InvalidInput(
-                    f"{name}: {len(text)} characters exceeds the limit of {chars}{why}",
-                    field=name,
-                )
-        return entry, bundle
+        """``check_request`` against this gateway's registry and limits."""
+        return check_request(self.registry, self.settings, model_id, items, task, texts)
 
     async def encode(
         self,
@@ -554,22 +378,13 @@ class GatewayRole:
     def lane_of(
         self, entry: ModelEntry, pool: str | None, machine_profile: str | None
     ) -> tuple[str, str]:
-        """``(pool, machine_profile)`` of a request: the ``X-SIE-Pool`` /
-        ``X-SIE-Machine-Profile`` headers, else the model's pool and this gateway's
-        default profile; lowercase (architecture §8.2).
+        """``(pool, machine_profile)`` of a request (``sie.roles.gateway.requests.lane_of``)
+        with this gateway's default machine profile.
 
         Raises:
             InvalidInput: a header value that is not a valid pool/profile name.
         """
-        for header, value in (("X-SIE-Pool", pool), ("X-SIE-Machine-Profile", machine_profile)):
-            if value is not None and not POOL_RE.fullmatch(value):
-                raise InvalidInput(
-                    f"{header}: {value!r} must match {POOL_RE.pattern}", field=header
-                )
-        return (
-            (pool or entry.config.effective_pool).lower(),
-            (machine_profile or self.settings.machine_profile).lower(),
-        )
+        return lane_of(entry, pool, machine_profile, self.settings.machine_profile)
 
     async def _run(
         self,
@@ -600,17 +415,17 @@ class GatewayRole:
             )
         n = len(works)
         await self._admit(lane, pool, n)
-        self._unpublished[pool] = self._unpublished.get(pool, 0) + n
-        unsent = [n]  # this request's share of _unpublished, returned in finally
+        self.pending.reserve(pool, n)
+        unsent = [n]  # this request's admitted items not yet published
         subject = work_subject(pool, profile, bundle, model_id)
         request_id = request_id or uuid7()
         reply = inbox_subject(self.router_id, request_id)
-        col = _Collector(n, [None] * n, n)
+        col = Collector(n, [None] * n, n)
         self.lanes.add_in_flight(lane, n)
         self._pending[request_id] = col
         published = False
         try:
-            await self._ensure_stream(pool)
+            await self.pending.ensure_stream(pool)
             first = WorkItem(
                 work_item_id=f"{request_id}.0",
                 request_id=request_id,
@@ -627,21 +442,9 @@ class GatewayRole:
                 timestamp=time.time(),
                 **works[0],
             )
-            work = [(first.work_item_id, self._encode_item(first))]
-            base = first.to_map()
-            for i in range(1, n):
-                # the items of a request differ only in id, index and item: copy the
-                # first one's map (a WorkItem per item costs several times more)
-                m = dict(base)
-                m["work_item_id"] = wid = f"{request_id}.{i}"
-                m["item_index"] = i
-                if (item := works[i].get("item")) is not None:
-                    m["item"] = item
-                work.append((wid, self._encode_map(m, i)))
-                if i % YIELD_EVERY == YIELD_EVERY - 1:
-                    await anyio.lowlevel.checkpoint()  # probes and heartbeats go first
+            work = await encode_work(first, works)
             published = True
-            await self._publish_all(subject, lane, pool, work, unsent)
+            await self.publisher.publish_all(subject, lane, pool, work, unsent)
             self.lanes.clear_demand(lane)  # the lane is being served (§8)
             publish_ms = (time.monotonic() - t0) * 1000.0
             wait_s = timeout_s or self.settings.request_timeout_s
@@ -662,13 +465,13 @@ class GatewayRole:
                     request_id=request_id,
                 )
         finally:
-            self._unpublished[pool] -= unsent[0]
+            self.pending.release(pool, unsent[0])
             self._pending.pop(request_id, None)
             self.lanes.add_in_flight(lane, -n)
             if published and col.remaining:
                 await self._abandon(request_id)
         results = [r for r in col.results if r is not None]
-        self._raise_failures(results)
+        raise_failures(results)
         return Collected(request_id, entry, results, publish_ms, (time.monotonic() - t0) * 1000.0)
 
     def give_up_waiting(self) -> None:
@@ -686,119 +489,3 @@ class GatewayRole:
                 await self.bus.publish(cancel_subject(self.router_id, request_id), b"")
             except SieError as exc:
                 log.warning("cannot publish work_cancel for %s: %s", request_id, exc.message)
-
-    @staticmethod
-    def _encode_map(m: dict[str, Any], index: int) -> bytes:
-        """A further work item's map (``_run``) as msgpack.
-
-        Raises:
-            InvalidInput: the item holds a value msgpack cannot carry (``items[i]``).
-        """
-        try:
-            return packb(m)
-        except WireError as exc:
-            where = f"items[{index}]"
-            raise InvalidInput(f"{where}: cannot be forwarded: {exc.message}", field=where) from exc
-
-    @staticmethod
-    def _encode_item(wi: WorkItem) -> bytes:
-        """The work item as msgpack.
-
-        Raises:
-            InvalidInput: a request value msgpack cannot carry (e.g. a 65-bit integer or
-                a lone surrogate), naming the request field it came from.
-        """
-        try:
-            return wi.to_bytes()
-        except WireError as exc:
-            field = "options"
-            for name in ("options", "output_schema", "labels", "instruction"):
-                try:
-                    packb(getattr(wi, name))
-                except WireError:
-                    field = name
-                    break
-            # score requests have no params wrapper (reference §1.6)
-            where = field if wi.operation == "score" else f"params.{field}"
-            raise InvalidInput(f"{where}: cannot be forwarded: {exc.message}", field=where) from exc
-
-    async def _publish_all(
-        self,
-        subject: str,
-        lane: Lane,
-        pool: str,
-        work: list[tuple[str, bytes]],
-        unsent: list[int],
-    ) -> None:
-        """Publish a request's work items with overlapping JetStream acks (at most
-        ``PUBLISH_CONCURRENCY`` in flight, architecture §8.2); the first failure
-        cancels the rest and is raised."""
-        if len(work) == 1:
-            await self._publish(subject, lane, pool, *work[0], unsent)
-            return
-        items = iter(work)
-        failures: list[SieError] = []
-
-        async def publisher() -> None:
-            # a few long-lived publishers instead of a task per item: thousands of
-            # tasks per request would crowd the event loop's ready queue
-            for sent, (work_item_id, data) in enumerate(items, 1):
-                try:
-                    await self._publish(subject, lane, pool, work_item_id, data, unsent)
-                except SieError as exc:
-                    failures.append(exc)
-                    tg.cancel_scope.cancel()
-                    return
-                if sent % YIELD_EVERY == 0:
-                    await anyio.lowlevel.checkpoint()
-
-        async with anyio.create_task_group() as tg:
-            for _ in range(min(PUBLISH_CONCURRENCY, len(work))):
-                tg.start_soon(publisher)
-        if failures:
-            raise failures[0]
-
-    async def _publish(
-        self,
-        subject: str,
-        lane: Lane,
-        pool: str,
-        work_item_id: str,
-        data: bytes,
-        unsent: list[int],
-    ) -> None:
-        """One JetStream publish; ``work_item_id`` is the ``Nats-Msg-Id`` (dedupe). On
-        success the item moves from the request's ``unsent`` to the pool's published
-        count."""
-        try:
-            await self.bus.js_publish(subject, data, msg_id=work_item_id)
-        except StreamFullError as exc:
-            self.lanes.record_demand(lane, "queue_full")
-            raise Backpressure(f"work queue for pool {pool!r} is full; retry later") from exc
-        except NoStreamError:
-            self._streams.discard(pool)  # stream deleted under us (e.g. broker restart)
-            await self._ensure_stream(pool)
-            await self.bus.js_publish(subject, data, msg_id=work_item_id)
-        unsent[0] -= 1
-        self._unpublished[pool] -= 1
-        self._unread_published[pool] = self._unread_published.get(pool, 0) + 1
-
-    @staticmethod
-    def _raise_failures(results: list[WorkResult]) -> None:
-        failed = [r for r in results if not r.success]
-        if not failed:
-            return
-        codes = {r.error_code for r in failed}
-        if len(failed) == len(results) and len(codes) == 1:
-            field = failed[0].error_field
-            raise error_for_code(
-                failed[0].error_code,
-                failed[0].error or "worker error",
-                **({"field": field} if field else {}),
-            )
-        raise InferenceError(
-            f"{len(failed)} of {len(results)} items failed",
-            details=[
-                {"item_index": r.item_index, "code": r.error_code, "error": r.error} for r in failed
-            ],
-        )

@@ -1,0 +1,79 @@
+"""Request checks made before anything is published (architecture §2, §16.2): the
+model resolves, supports the task, and the request stays within the gateway's item
+and text limits; and the lane a request goes to."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sie.core.config import POOL_RE
+from sie.core.errors import InvalidInput
+from sie.core.registry import ModelEntry, ModelRegistry
+from sie.settings import ServeSettings
+
+__all__ = ["check_request", "lane_of"]
+
+
+def check_request(
+    registry: ModelRegistry,
+    settings: ServeSettings,
+    model_id: str,
+    items: Sequence[Mapping[str, Any]],
+    task: str | None,
+    texts: list[tuple[str, Any]],
+) -> tuple[ModelEntry, str]:
+    """Resolve ``model_id`` and check the request before anything is published:
+    the item count, the model's ``task`` (``score`` / ``extract``), and every text
+    (``texts`` plus each item's) against ``max_text_chars``.
+
+    Raises:
+        ModelNotFound: unknown model (404).
+        InvalidInput: too many items, a missing task, or a text too long (400).
+    """
+    limit = settings.max_items_per_request
+    if len(items) > limit:
+        raise InvalidInput(
+            f"items: at most {limit} items per request, got {len(items)}", field="items"
+        )
+    entry, bundle = registry.resolve(model_id)
+    if task is not None and getattr(entry.config.tasks, task) is None:
+        verb = {"score": "scoring", "extract": "extraction"}.get(task, task)
+        raise InvalidInput(
+            f"model {entry.model_id!r} does not support {verb} (no tasks.{task})",
+            field="model",
+        )
+    chars = settings.max_text_chars
+    all_texts = texts + [(f"items[{i}].text", it.get("text")) for i, it in enumerate(items)]
+    for name, text in all_texts:
+        if isinstance(text, str) and len(text) > chars:
+            window = entry.config.max_sequence_length
+            why = (
+                f" (the model reads at most {window} tokens)"
+                if window and task != "extract"  # extract reads long texts in windows
+                else ""
+            )
+            raise InvalidInput(
+                f"{name}: {len(text)} characters exceeds the limit of {chars}{why}",
+                field=name,
+            )
+    return entry, bundle
+
+
+def lane_of(
+    entry: ModelEntry, pool: str | None, machine_profile: str | None, default_profile: str
+) -> tuple[str, str]:
+    """``(pool, machine_profile)`` of a request: the ``X-SIE-Pool`` /
+    ``X-SIE-Machine-Profile`` headers, else the model's pool and this gateway's
+    default profile; lowercase (architecture §8.2).
+
+    Raises:
+        InvalidInput: a header value that is not a valid pool/profile name.
+    """
+    for header, value in (("X-SIE-Pool", pool), ("X-SIE-Machine-Profile", machine_profile)):
+        if value is not None and not POOL_RE.fullmatch(value):
+            raise InvalidInput(f"{header}: {value!r} must match {POOL_RE.pattern}", field=header)
+    return (
+        (pool or entry.config.effective_pool).lower(),
+        (machine_profile or default_profile).lower(),
+    )
