@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from typing import Any
 
 import anyio
@@ -45,6 +44,7 @@ from sie.engines.cache import ModelCache, device_memory_bytes
 from sie.engines.weights import weights_bytes
 from sie.roles.config_sync import build_config_sync, run_config_sync
 from sie.roles.trust import config_trust
+from sie.roles.worker.cancels import Cancellations
 from sie.roles.worker.generation import run_generation
 from sie.roles.worker.tasks import engine_batch_fn, run_task
 from sie.settings import ServeSettings
@@ -66,9 +66,6 @@ CONFIG_LAG_DELIVERIES = 5
 CONFIG_LAG_RETRY_S = 1.0
 
 log = logging.getLogger(__name__)
-
-#: How many abandoned request ids a worker remembers.
-CANCEL_TOMBSTONES = 10_000
 
 
 class WorkerRole:
@@ -128,9 +125,8 @@ class WorkerRole:
         self.epoch = self.sync.epoch
         self._resync_lock = anyio.Lock()
         self._last_resync = 0.0
-        # request ids abandoned by their gateway (bounded, oldest first) and live work per request
-        self._cancelled: OrderedDict[str, None] = OrderedDict()
-        self._active: dict[str, set[anyio.CancelScope]] = {}
+        # request ids abandoned by their gateway, and the live work of each request
+        self.cancels = Cancellations()
         self.ready = False
 
     def _bundle_adapters(self) -> tuple[str, ...]:
@@ -238,12 +234,7 @@ class WorkerRole:
     async def _read_cancels(self, sub: Any) -> None:
         """``work_cancel.{router_id}.{request_id}``: tombstone the request, stop its items."""
         async for msg in sub:
-            request_id = msg.subject.rsplit(".", 1)[-1]
-            self._cancelled[request_id] = None
-            while len(self._cancelled) > CANCEL_TOMBSTONES:
-                self._cancelled.popitem(last=False)
-            for scope in self._active.get(request_id, ()):
-                scope.cancel()
+            self.cancels.cancel(msg.subject.rsplit(".", 1)[-1])
 
     async def _read_direct(self, sub: Any, tg: anyio.abc.TaskGroup) -> None:
         """Worker-direct work (generation, architecture §8.2): one task per request."""
@@ -262,8 +253,7 @@ class WorkerRole:
         async def publish(chunk: GenerationChunk) -> None:
             await self.bus.publish(item.reply_subject, chunk.to_bytes())
 
-        scope = anyio.CancelScope()
-        self._active.setdefault(item.request_id, set()).add(scope)
+        scope = self.cancels.open(item.request_id)
         carrier = {k: v for k in ("traceparent", "tracestate") if (v := getattr(item, k))}
         try:
             with (
@@ -295,11 +285,7 @@ class WorkerRole:
         except BusError as exc:
             log.warning("generation %s: cannot publish (%s); aborted", item.request_id, exc)
         finally:
-            scopes = self._active.get(item.request_id)
-            if scopes is not None:
-                scopes.discard(scope)
-                if not scopes:
-                    del self._active[item.request_id]
+            self.cancels.close(item.request_id, scope)
 
     async def _pull_loop(self, consumer: Any, tg: anyio.abc.TaskGroup) -> None:
         while True:
@@ -324,7 +310,7 @@ class WorkerRole:
                     item: WorkItem | None = WorkItem.from_bytes(msg.data)
                 except SieError:
                     item = None  # settled by _handle_one, with the reply salvaged
-                if item is not None and item.request_id in self._cancelled:
+                if item is not None and item.request_id in self.cancels:
                     await self._drop_cancelled(msg, item)  # no task for work nobody awaits
                     continue
                 await self._inflight.acquire()
@@ -368,7 +354,7 @@ class WorkerRole:
                     pass
             await msg.term()
             return
-        if item.request_id in self._cancelled:
+        if item.request_id in self.cancels:
             await msg.ack()  # abandoned by its gateway: drop before any work (§8)
             self.metrics.work_items.labels(item.model_id, "cancelled").inc()
             return
@@ -380,8 +366,7 @@ class WorkerRole:
             await msg.nak(CONFIG_LAG_RETRY_S)
             return
         t0 = time.monotonic()
-        scope = anyio.CancelScope()
-        self._active.setdefault(item.request_id, set()).add(scope)
+        scope = self.cancels.open(item.request_id)
         try:
             with scope:
                 result = await self._execute(item)
@@ -398,11 +383,7 @@ class WorkerRole:
             result = self._error(item, "INFERENCE_ERROR", f"inference error: {exc}")
             outcome = "INFERENCE_ERROR"
         finally:
-            scopes = self._active.get(item.request_id)
-            if scopes is not None:
-                scopes.discard(scope)
-                if not scopes:
-                    del self._active[item.request_id]
+            self.cancels.close(item.request_id, scope)
         result.processing_ms = (time.monotonic() - t0) * 1000.0
         try:
             await self.bus.publish(item.reply_subject, result.to_bytes())
