@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import time
@@ -22,7 +21,7 @@ import anyio
 
 from sie import __version__, gc_policy
 from sie.core.errors import SieError
-from sie.settings import ServeSettings
+from sie.settings import ServeSettings, apply_library_env_defaults
 
 __all__ = ["main"]
 
@@ -120,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     overrides = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
     try:
-        settings = ServeSettings.from_env(os.environ, **overrides)
+        settings = ServeSettings.from_env(**overrides)
     except ValueError as exc:
         print(f"sie serve: invalid settings: {exc}", file=sys.stderr)
         return 2
@@ -131,10 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # httpx logs every request at INFO: the config poller would write a line per poll
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.root.level))
-    # Offline by default: weights come from weights_path, packages or the local cache.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    apply_library_env_defaults()  # offline: weights come from paths, packages or caches
     gc_policy.configure()  # short, rare collector pauses (docs/security.md "Liveness")
     if "worker" in settings.roles:
         # Engines run on threads that need the GIL between tensor ops; a short switch

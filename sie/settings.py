@@ -8,6 +8,7 @@ Units are in the names (``_s`` seconds, ``_bytes``).
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import socket
 from collections.abc import Mapping
@@ -108,6 +109,8 @@ class ServeSettings(BaseModel):
     # code, upstream URL prefixes, env var names for api_key_env (their values, captured
     # by from_env, never a config-named lookup)
     weights_roots: tuple[str, ...] = ()
+    #: where workers dequantise packaged GGUF models once (empty: ~/.cache/sie/models)
+    model_cache_dir: str = ""
     allow_trust_remote_code: bool = False
     upstream_base_urls: tuple[str, ...] = ()
     upstream_api_key_envs: tuple[str, ...] = ()
@@ -241,13 +244,15 @@ class ServeSettings(BaseModel):
         return v
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], **overrides: object) -> ServeSettings:
-        """Settings from ``env`` (``ENV_VARS``), then explicit ``overrides`` (flags) win.
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> ServeSettings:
+        """Settings from ``env`` (``ENV_VARS``; default: the process environment), then
+        explicit ``overrides`` (flags) win. The only reader of the environment in SIE.
 
         The values of the variables ``SIE_UPSTREAM_API_KEY_ENVS`` names are captured here
         into ``upstream_api_keys`` (unset or empty ones are left out), so no other code
         reads a config-named variable.
         """
+        env = os.environ if env is None else env
         values: dict[str, object] = {f: env[k] for k, f in ENV_VARS.items() if env.get(k, "") != ""}
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls.model_validate(values)
@@ -312,6 +317,7 @@ ENV_VARS: dict[str, str] = {
     "SIE_NATS_CONFIG_TRUSTED_PRODUCERS": "config_trusted_producers",
     "SIE_NATS_CONFIG_TRUST_ANY_PRODUCER": "config_trust_any_producer",
     "SIE_WEIGHTS_ROOTS": "weights_roots",
+    "SIE_MODEL_CACHE_DIR": "model_cache_dir",
     "SIE_ALLOW_TRUST_REMOTE_CODE": "allow_trust_remote_code",
     "SIE_UPSTREAM_BASE_URLS": "upstream_base_urls",
     "SIE_UPSTREAM_API_KEY_ENVS": "upstream_api_key_envs",
@@ -327,3 +333,19 @@ ENV_VARS: dict[str, str] = {
     "SIE_ADMISSION_POLL_INTERVAL_S": "admission_poll_interval_s",
     "SIE_ADMISSION_KEEPALIVE_S": "admission_keepalive_s",
 }
+
+
+#: Environment defaults for the model libraries a worker loads: offline (weights come
+#: from ``weights_path``, packages or the local cache) and no tokenizer thread pools.
+LIBRARY_ENV_DEFAULTS: dict[str, str] = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def apply_library_env_defaults() -> None:
+    """Set ``LIBRARY_ENV_DEFAULTS`` in the process environment where unset (``sie
+    serve`` calls it once, before any model library is imported)."""
+    for name, value in LIBRARY_ENV_DEFAULTS.items():
+        os.environ.setdefault(name, value)

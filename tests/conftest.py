@@ -119,6 +119,7 @@ def run_stack(*, wait_worker: bool = True, **overrides: Any) -> Iterator[Stack]:
         "drain_timeout_s": 5.0,
         "router_id": f"gw-test-{time.monotonic_ns()}",
         "worker_id": f"worker-test-{time.monotonic_ns()}",
+        "model_cache_dir": str(MODEL_CACHE / "sie-models"),  # dequantised GGUF, reused
         **overrides,
     }
     settings = ServeSettings(**values)

@@ -121,6 +121,8 @@ class ModelCache:
         estimate_bytes: a model's expected size before its load (weights on disk).
         trust: the operator's policy every load is checked against (default: allow
             nothing a config could ask for; ``sie.core.trust``).
+        model_cache_dir: where engines that convert weights keep the result (the
+            ``SIE_MODEL_CACHE_DIR`` setting; None: their default).
     """
 
     def __init__(
@@ -140,8 +142,10 @@ class ModelCache:
         estimate_bytes: Callable[[ModelEntry], int] | None = None,
         on_evict: Callable[[str, str], Any] | None = None,
         trust: ConfigTrust | None = None,
+        model_cache_dir: str | None = None,
     ) -> None:
         self._allowed = allowed_modules
+        self._model_cache_dir = model_cache_dir or None
         self.trust = trust if trust is not None else ConfigTrust()
         self._run_batch = run_batch
         self._device = device
@@ -297,7 +301,8 @@ class ModelCache:
                 entry.profile.adapter_path,
                 self._allowed() if callable(self._allowed) else self._allowed,
             )
-            extra = {"trust": self.trust} if _takes_trust(factory) else {}
+            extra: dict[str, Any] = {"trust": self.trust, "model_cache_dir": self._model_cache_dir}
+            extra = {k: v for k, v in extra.items() if _takes(factory, k)}
             engine = factory(entry.config, entry.profile, self._device, **extra)
             await anyio.to_thread.run_sync(engine.load, limiter=limiter)
         except SieError as exc:
@@ -433,9 +438,9 @@ class ModelCache:
             self._changed()
 
 
-def _takes_trust(factory: Any) -> bool:
-    """Whether an engine factory accepts the ``trust`` keyword."""
+def _takes(factory: Any, keyword: str) -> bool:
+    """Whether an engine factory accepts ``keyword`` (``trust``, ``model_cache_dir``)."""
     try:
-        return "trust" in inspect.signature(factory).parameters
+        return keyword in inspect.signature(factory).parameters
     except (TypeError, ValueError):
         return False

@@ -92,9 +92,13 @@ _MARKER = "sie-source.json"
 _CLOSE = object()  # sentinel: close the request's stream
 
 
-def model_cache_root() -> Path:
-    """Where dequantised models live: ``$SIE_MODEL_CACHE_DIR`` or ``~/.cache/sie/models``."""
-    return Path(os.environ.get("SIE_MODEL_CACHE_DIR") or "~/.cache/sie/models").expanduser()
+DEFAULT_MODEL_CACHE_DIR = "~/.cache/sie/models"
+
+
+def model_cache_root(model_cache_dir: str | Path | None = None) -> Path:
+    """Where dequantised models live: ``model_cache_dir`` (the ``SIE_MODEL_CACHE_DIR``
+    setting) or ``~/.cache/sie/models``."""
+    return Path(model_cache_dir or DEFAULT_MODEL_CACHE_DIR).expanduser()
 
 
 def _safe_name(text: str) -> str:
@@ -246,8 +250,16 @@ class _Batch:
 class TransformersGenerator:
     """A ``GenerationEngine`` over ``AutoModelForCausalLM`` with continuous batching."""
 
-    def __init__(self, config: ModelConfig, profile: ResolvedProfile, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        profile: ResolvedProfile,
+        device: str = "cpu",
+        *,
+        model_cache_dir: str | Path | None = None,
+    ) -> None:
         self.config = config
+        self.model_cache_dir = model_cache_root(model_cache_dir)
         self.profile = profile
         self.device = device
         self._model: Any = None
@@ -341,7 +353,7 @@ class TransformersGenerator:
                 permanent=True,
             )
         name = _safe_name(f"{self.config.hf_id or self.config.sie_id}--{Path(gguf_file).stem}")
-        target = model_cache_root() / name
+        target = self.model_cache_dir / name
         t0 = time.monotonic()
         fresh = not (target / _MARKER).is_file()
         for dep in ("gguf", "accelerate"):

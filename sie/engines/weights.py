@@ -154,7 +154,7 @@ def _weight_file_bytes(root: Path) -> int:
     return total
 
 
-def default_weights_roots() -> tuple[Path, ...]:
+def default_weights_roots(model_cache_dir: str | Path | None = None) -> tuple[Path, ...]:
     """Where a ``weights_path`` may point when ``SIE_WEIGHTS_ROOTS`` is unset: the
     Hugging Face hub cache (``HF_HUB_CACHE``/``HF_HOME``, default
     ``~/.cache/huggingface/hub``), SIE's own model cache (``SIE_MODEL_CACHE_DIR``, where
@@ -171,7 +171,7 @@ def default_weights_roots() -> tuple[Path, ...]:
         roots.append(Path("~/.cache/huggingface/hub").expanduser())
     from sie.engines.transformers_gen import GGUF_PACKAGES, model_cache_root
 
-    roots.append(model_cache_root())
+    roots.append(model_cache_root(model_cache_dir))
     modules = [m for m, _ in PACKAGED_MODELS.values()] + [m for m, _ in GGUF_PACKAGES.values()]
     for module in dict.fromkeys(modules):
         try:

@@ -29,7 +29,7 @@ def config_trust(settings: ServeSettings) -> ConfigTrust:
     roots = (
         tuple(Path(r) for r in settings.weights_roots)
         if settings.weights_roots
-        else default_weights_roots()
+        else default_weights_roots(settings.model_cache_dir)
     )
     trust = ConfigTrust(
         weights_roots=roots,

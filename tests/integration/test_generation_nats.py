@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import MODEL_CACHE, Stack, run_stack, wait_for
+from tests.conftest import Stack, run_stack, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -23,40 +22,32 @@ ASK = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def two_workers(nats_server: Any) -> Iterator[tuple[Stack, list[Stack]]]:
-    old = os.environ.get("SIE_MODEL_CACHE_DIR")
-    os.environ["SIE_MODEL_CACHE_DIR"] = str(MODEL_CACHE / "sie-models")
     common = {"bus": "nats", "nats_url": nats_server.url, "heartbeat_interval_s": 0.5}
-    try:
-        with run_stack(roles=("gateway", "config"), **common) as front:
-            config_url = f"http://127.0.0.1:{front.running.config_port}"
-            with (
-                run_stack(
-                    roles=("worker",),
-                    worker_id="gen-w1",
-                    preload=(LLM,),
-                    config_service_url=config_url,
-                    **common,
-                ) as w1,
-                run_stack(
-                    roles=("worker",),
-                    worker_id="gen-w2",
-                    preload=(LLM,),
-                    config_service_url=config_url,
-                    **common,
-                ) as w2,
-            ):
-                gw = front.running.gateway
-                assert gw is not None
-                wait_for(
-                    lambda: {"gen-w1", "gen-w2"} <= {h.worker_id for h in gw.live_workers()},
-                    timeout_s=30,
-                )
-                yield front, [w1, w2]
-    finally:
-        if old is None:
-            os.environ.pop("SIE_MODEL_CACHE_DIR", None)
-        else:
-            os.environ["SIE_MODEL_CACHE_DIR"] = old
+    with run_stack(roles=("gateway", "config"), **common) as front:
+        config_url = f"http://127.0.0.1:{front.running.config_port}"
+        with (
+            run_stack(
+                roles=("worker",),
+                worker_id="gen-w1",
+                preload=(LLM,),
+                config_service_url=config_url,
+                **common,
+            ) as w1,
+            run_stack(
+                roles=("worker",),
+                worker_id="gen-w2",
+                preload=(LLM,),
+                config_service_url=config_url,
+                **common,
+            ) as w2,
+        ):
+            gw = front.running.gateway
+            assert gw is not None
+            wait_for(
+                lambda: {"gen-w1", "gen-w2"} <= {h.worker_id for h in gw.live_workers()},
+                timeout_s=30,
+            )
+            yield front, [w1, w2]
 
 
 def test_two_workers_share_generation_and_streams_arrive_whole(

@@ -10,7 +10,6 @@ and the upstream proxy can run the same suite with their own harness.
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -339,8 +338,6 @@ def smollm() -> Iterator[Any]:
     assert importlib.util.find_spec("gguf") is not None, "dequantising needs gguf (sie[generate])"
     from sie.engines.transformers_gen import TransformersGenerator
 
-    old = os.environ.get("SIE_MODEL_CACHE_DIR")
-    os.environ["SIE_MODEL_CACHE_DIR"] = str(MODEL_CACHE / "sie-models")
     cfg = parse_model_config(
         {
             "sie_id": SMOLLM,
@@ -361,17 +358,15 @@ def smollm() -> Iterator[Any]:
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    engine = TransformersGenerator(cfg, cfg.resolve_profile(), "cpu")
+    engine = TransformersGenerator(
+        cfg, cfg.resolve_profile(), "cpu", model_cache_dir=MODEL_CACHE / "sie-models"
+    )
     try:
         engine.load()
         yield engine
     finally:
         engine.unload()
         torch.set_num_threads(threads)
-        if old is None:
-            os.environ.pop("SIE_MODEL_CACHE_DIR", None)
-        else:
-            os.environ["SIE_MODEL_CACHE_DIR"] = old
 
 
 @pytest.fixture(scope="module")

@@ -159,3 +159,34 @@ def test_import_sie_is_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def _environment_reads(source: str) -> list[str]:
+    """``os.environ`` / ``os.getenv`` / ``os.putenv`` uses and ``from os import
+    environ|getenv`` in ``source``."""
+    tree = ast.parse(source)
+    out = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "os"
+            and node.attr in ("environ", "environb", "getenv", "getenvb", "putenv", "unsetenv")
+        ):
+            out.append(f"os.{node.attr} (line {node.lineno})")
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            out += [f"from os import {a.name}" for a in node.names if "env" in a.name]
+    return out
+
+
+def test_only_settings_reads_the_environment() -> None:
+    """Settings are built once at the edge (``ServeSettings.from_env``); no other module
+    of ``sie`` reads or writes the process environment."""
+    bad = {
+        str(f.relative_to(SIE)): found
+        for f in SIE.rglob("*.py")
+        if f != SIE / "settings.py" and (found := _environment_reads(f.read_text()))
+    }
+    assert bad == {}
+    assert _environment_reads("import os\nx = os.environ.get('A')\n") == ["os.environ (line 2)"]
+    assert _environment_reads("from os import getenv\n") == ["from os import getenv"]

@@ -110,6 +110,7 @@ class WorkerRole:
             estimate_bytes=lambda entry: weights_bytes(entry.config),
             on_evict=lambda model, reason: metrics.evictions.labels(model, reason).inc(),
             trust=self.trust,
+            model_cache_dir=settings.model_cache_dir,
         )
         self._inflight = anyio.Semaphore(settings.max_inflight_items)
         # config convergence (architecture §6, §7): deltas on sie.config.models.{bundle},
