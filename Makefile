@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install run test test-fast lint type bench clean
+.PHONY: help install run test test-fast lint fmt type docs bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -44,8 +44,15 @@ lint: $(STAMP) ## ruff
 	$(BIN)/ruff check sie tests bench
 	$(BIN)/ruff format --check sie tests bench
 
-type: $(STAMP) ## mypy (strict on sie/core)
+fmt: $(STAMP) ## fix what ruff can (imports, style) and format
+	$(BIN)/ruff check --fix sie tests bench
+	$(BIN)/ruff format sie tests bench
+
+type: $(STAMP) ## mypy (strict on core, control, roles, transport, http)
 	$(BIN)/mypy sie
+
+docs: $(STAMP) ## regenerate docs/configuration.md from sie/settings_docs.py
+	$(BIN)/python -m sie.settings_docs > docs/configuration.md
 
 bench: $(STAMP) ## served vs raw: encode, score, extract, generation (TTFT, tokens/s); NATS vs memory bus
 	$(BIN)/python bench/bench_encode.py

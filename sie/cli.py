@@ -28,7 +28,8 @@ __all__ = ["main"]
 log = logging.getLogger("sie")
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
+    """The `sie` command line (`serve`, `version`)."""
     p = argparse.ArgumentParser(prog="sie", description="SIE inference engine")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run roles (gateway, config, worker) in this process")
@@ -113,7 +114,7 @@ async def _serve(settings: ServeSettings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     if args.command == "version":
         print(__version__)
         return 0

@@ -1,15 +1,45 @@
-"""The README documents every SIE_* variable `sie serve` reads (sie.settings.ENV_VARS)."""
+"""docs/configuration.md is generated from the settings registry and documents every
+SIE_* variable `sie serve` reads (sie.settings.ENV_VARS); the README links to it."""
 
 from pathlib import Path
 
+from sie.cli import parser
 from sie.settings import ENV_VARS, ServeSettings
+from sie.settings_docs import ENV_DOCS, default_text, render_configuration, unit_of
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+CONFIGURATION = (ROOT / "docs" / "configuration.md").read_text()
 
 
-def test_every_env_var_is_documented() -> None:
-    missing = [k for k in ENV_VARS if f"`{k}`" not in README]
+def test_configuration_md_is_the_rendered_registry() -> None:
+    """Fails when a setting, default or meaning changed without ``make docs``."""
+    assert render_configuration() == CONFIGURATION, "run `make docs`"
+    assert set(ENV_DOCS) == set(ENV_VARS)  # one entry per variable
+    assert "docs/configuration.md" in README
+
+
+def test_every_env_var_is_documented_with_its_code_default() -> None:
+    missing = [k for k in ENV_VARS if f"| `{k}` |" not in CONFIGURATION]
     assert missing == []
+    assert default_text("SIE_PORT") == "`8080`"
+    assert default_text("SIE_GATEWAY_LANE_BACKPRESSURE_ENFORCE") == "`false`"
+    assert default_text("SIE_ROLES") == "`gateway,config,worker`"
+    assert default_text("SIE_CONFIG_STORE_DIR") == "unset"
+    assert unit_of("request_timeout_s") == "seconds" and unit_of("max_batch_wait_ms") == (
+        "milliseconds"
+    )
+
+
+def test_documented_flags_are_the_serve_options(capsys) -> None:  # type: ignore[no-untyped-def]
+    try:
+        parser().parse_args(["serve", "--help"])
+    except SystemExit:
+        pass
+    serve_help = capsys.readouterr().out
+    unknown = [d.flag for d in ENV_DOCS.values() if d.flag and d.flag not in serve_help]
+    assert unknown == []
+    assert "next issue" not in CONFIGURATION and "next issue" not in README
 
 
 def test_env_vars_fill_settings_and_flags_win() -> None:
