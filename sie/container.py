@@ -171,7 +171,7 @@ class Container:
             async with anyio.create_task_group() as http:
                 # config first: co-located gateway/worker sync from its real port
                 if "config" in s.roles:
-                    running.config = ConfigRole(s, self.bus, self.metrics, trust=self.trust)
+                    running.config = ConfigRole.open(s, self.bus, self.metrics, trust=self.trust)
                     await roles.start(running.config.run)
                     capp = build_config_app(
                         running.config, self.metrics, policy, budget, s.http_body_timeout_s

@@ -79,20 +79,39 @@ def restore(registry: ModelRegistry, store: ConfigStore) -> int:
 class ConfigRole:
     """Holds the ``ConfigAuthority``. Start ``run`` in a task group.
 
-    ``trust``: what writes may ask of workers, checked before anything is persisted
-    (default: built from ``settings``, ``sie.roles.trust``; docs/security.md "Trust
-    model"). Seed and restored configs are not checked here: workers check every load.
+    Built by ``ConfigRole.open`` (which reads the seed and the store); the constructor
+    itself does no I/O.
     """
 
     def __init__(
-        self,
+        self, settings: ServeSettings, authority: ConfigAuthority, metrics: Metrics = METRICS
+    ) -> None:
+        self.settings = settings
+        self.authority = authority
+        self.metrics = metrics
+        metrics.config_epoch.labels("config").set(authority.epoch.get())
+
+    @classmethod
+    def open(
+        cls,
         settings: ServeSettings,
         publisher: Publisher | None,
         metrics: Metrics = METRICS,
         *,
         trust: ConfigTrust | None = None,
-    ) -> None:
-        self.settings = settings
+    ) -> ConfigRole:
+        """Load the seed (``SIE_MODELS_DIR``, ``SIE_BUNDLES_DIR``), open the store
+        (``SIE_CONFIG_STORE_DIR``), replay it when ``SIE_CONFIG_RESTORE`` is on, and
+        build the role. A seed that does not load leaves the authority without a
+        registry (its routes answer 503 ``registry_unavailable``).
+
+        ``trust``: what writes may ask of workers, checked before anything is persisted
+        (default: built from ``settings``, ``sie.roles.trust``; docs/security.md "Trust
+        model"). Seed and restored configs are not checked here: workers check every load.
+
+        Raises:
+            SieError: the store cannot be read.
+        """
         registry, error = load_authority_registry(settings)
         store = ConfigStore(settings.config_store_dir) if settings.config_store_dir else None
         epoch = ConfigEpoch(store.read_epoch() if store is not None else 0)
@@ -108,8 +127,7 @@ class ConfigRole:
                     len(unserved),
                     ", ".join(unserved[:3]),
                 )
-        self.metrics = metrics
-        self.authority = ConfigAuthority(
+        authority = ConfigAuthority(
             registry,
             store=store,
             publisher=publisher,
@@ -120,7 +138,7 @@ class ConfigRole:
             trust=trust if trust is not None else config_trust(settings),
             max_models=settings.config_max_models,
         )
-        metrics.config_epoch.labels("config").set(epoch.get())
+        return cls(settings, authority, metrics)
 
     @property
     def registry(self) -> ModelRegistry | None:
