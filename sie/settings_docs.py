@@ -60,7 +60,7 @@ ENV_DOCS: dict[str, EnvDoc] = {
     ),
     "SIE_DRAIN_TIMEOUT_S": EnvDoc("shutdown drain bound, seconds"),
     "SIE_MAX_INFLIGHT_BODY_BYTES": EnvDoc(
-        "request-body bytes the whole process holds at once; beyond it 503 `RESOURCE_EXHAUSTED`, Retry-After 5 ([docs/security.md](docs/security.md))"
+        "request-body bytes the whole process holds at once; beyond it 503 `RESOURCE_EXHAUSTED`, Retry-After 5 ([security.md](security.md))"
     ),
     "SIE_HTTP_HEADER_TIMEOUT_S": EnvDoc(
         "seconds a connection may take to send a request line and headers (also the keep-alive idle limit)"
