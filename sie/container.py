@@ -1,7 +1,7 @@
 """Composition root: builds the bus, registry and requested roles, and runs them.
 
-The only module that names concrete adapters (``MemoryBus``; the NATS adapter
-arrives with its issue). Roles receive ports. Lifecycle (DESIGN.md): roles start
+The only module that names concrete adapters (``MemoryBus``, ``NatsBus``).
+Roles receive ports. Lifecycle (docs/architecture.md §1): roles start
 in one task group; HTTP listeners start once their roles are running; on
 shutdown the listeners drain in-flight requests (bounded by
 ``drain_timeout_s``), then the roles are cancelled. Unacknowledged work items

@@ -153,7 +153,9 @@ class ConfigSync:
 
     async def run_poller(self) -> None:
         while True:
-            await anyio.sleep(self.poll_interval_s)  # the first tick is skipped (§4.1 step 3)
+            await anyio.sleep(
+                self.poll_interval_s
+            )  # the first tick is skipped (architecture §4 step 3)
             await self.poll_once()
 
     # -- bootstrap -----------------------------------------------------------------------

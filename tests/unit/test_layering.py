@@ -1,4 +1,4 @@
-"""Dependency direction (DESIGN.md): enforced by reading imports, not by memory."""
+"""Dependency direction (docs/architecture.md "Where things go"): enforced by reading imports, not by memory."""
 
 import ast
 import subprocess
