@@ -9,7 +9,7 @@ Loadtime options:
 * ``api_key`` or ``api_key_env`` (the name of a variable holding it): sent as
   ``Authorization: Bearer``; optional. ``api_key_env`` must be one of the operator's
   ``SIE_UPSTREAM_API_KEY_ENVS``; its value comes from the injected ``ConfigTrust``
-  (captured from the environment at the edge), never from ``os.environ`` here.
+  (captured from the environment at the edge), never read from the process environment here.
 * ``upstream_model``: the ``model`` sent upstream (default: ``hf_id``, else ``sie_id``).
 * ``metrics_url``: the server's Prometheus page (default ``<root>/metrics``; ``false``
   disables scraping; an explicit URL must also be on the allowlist, and gets the API key
