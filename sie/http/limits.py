@@ -38,7 +38,7 @@ import anyio
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sie.core.errors import RequestTimeout, ResourceExhausted, SieError
+from sie.core.errors import PayloadTooLarge, RequestTimeout, ResourceExhausted, SieError
 
 __all__ = ["DRAIN_BYTES", "LARGE_BODY_BYTES", "BodyBudget", "RequestLimits"]
 
@@ -166,7 +166,11 @@ class RequestLimits:
             await send(message)
 
         try:
-            if declared and not budget.fits(declared):
+            if declared and declared > budget.limit_bytes:  # could never fit: no retry
+                await self.respond(scope, _too_large(declared, budget.limit_bytes))(
+                    scope, receive, holding_send
+                )
+            elif declared and not budget.fits(declared):
                 budget.refused += 1
                 await self.respond(scope, budget.exhausted())(scope, receive, holding_send)
             else:
@@ -198,6 +202,14 @@ class RequestLimits:
                     dropped += len(message.get("body", b""))
                     if not message.get("more_body", False):
                         return
+
+
+def _too_large(declared: int, limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"the request body of {declared} bytes exceeds the {limit} bytes this server "
+        "holds for all request bodies at once",
+        field="body",
+    )
 
 
 async def _end_response(receive: Receive, send: Send) -> None:

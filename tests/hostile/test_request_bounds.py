@@ -403,3 +403,20 @@ def test_an_early_answer_to_a_body_too_big_to_drain_closes_the_connection(
             data += chunk
         assert data.startswith(b"HTTP/1.1 401"), data[:300]
         assert time.monotonic() - started < 5
+
+
+def test_a_body_larger_than_the_whole_budget_is_413_not_a_retry(budgeted: Stack) -> None:
+    """Declared bigger than every body the process may hold at once: it can never fit,
+    so 413 ``PAYLOAD_TOO_LARGE`` (no Retry-After) before the body is read."""
+    with socket.create_connection(("127.0.0.1", budgeted.running.gateway_port)) as sock:
+        sock.settimeout(10)
+        head = (
+            f"POST {ENCODE} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Content-Length: 2000000\r\n\r\n"
+        ).encode()
+        started = time.monotonic()
+        sock.sendall(head)
+        reply = _read_response(sock)
+        assert reply.startswith(b"HTTP/1.1 413"), reply[:300]
+        assert b"payload_too_large" in reply.lower() and b"retry-after" not in reply.lower()
+        assert time.monotonic() - started < 5
