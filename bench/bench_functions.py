@@ -53,7 +53,7 @@ def rate(fn: Callable[[], int], seconds: float) -> float:
 
 def raw_score(weights: Path, seconds: float) -> dict[int, float]:
     from sie.core.config import parse_model_config
-    from sie.engines.cross_encoder import CrossEncoderScorer
+    from sie.engines.scorers.cross_encoder import CrossEncoderScorer
 
     cfg = parse_model_config(reranker_config_yaml(RERANKER, weights))
     engine = CrossEncoderScorer(cfg, cfg.resolve_profile(), "cpu")
@@ -72,7 +72,7 @@ def raw_score(weights: Path, seconds: float) -> dict[int, float]:
 
 def raw_extract(seconds: float) -> dict[int, float]:
     from sie.core.config import parse_model_config
-    from sie.engines.token_classification import OnnxTokenClassifier
+    from sie.engines.extractors.token_classification import OnnxTokenClassifier
 
     cfg = parse_model_config((ROOT / "configs" / "nationaldesignstudio__rampart.yaml").read_text())
     engine = OnnxTokenClassifier(cfg, cfg.resolve_profile(), "cpu")

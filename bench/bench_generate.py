@@ -124,7 +124,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from sie.core.config import parse_model_config
-    from sie.engines.transformers_gen import TransformersGenerator
+    from sie.engines.generators.transformers_gen import TransformersGenerator
 
     cfg = parse_model_config(
         (ROOT / "configs" / "HuggingFaceTB__SmolLM2-135M-Instruct.yaml").read_text()

@@ -79,7 +79,7 @@ class ServeSettings(BaseModel):
     max_batch_requests: int = Field(default=64, gt=0)
     max_batch_wait_ms: float = Field(default=10.0, ge=0)
     max_inflight_items: int = Field(default=512, gt=0)
-    # engine calls of one model in flight at once on a CPU (sie.engines.threads)
+    # engine calls of one model in flight at once on a CPU (sie.engines.runtime.threads)
     engine_concurrency: int = Field(default=2, ge=1, le=64)
     # worker memory (reference §4.5): bytes, else this fraction of RAM (VRAM on CUDA)
     memory_budget_bytes: int | None = Field(default=None, gt=0)

@@ -7,7 +7,7 @@ from typing import Any
 from sie.core.config import Bundle, parse_bundle
 from sie.core.registry import ModelRegistry
 
-ST = "sie.engines.sentence_transformers"
+ST = "sie.engines.encoders.sentence_transformers"
 ADAPTER = f"{ST}:DenseEncoder"
 
 DEFAULT_BUNDLE = parse_bundle({"name": "default", "priority": 10, "adapters": [ST]})

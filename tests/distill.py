@@ -247,6 +247,6 @@ tasks: {{score: {{}}}}
 max_sequence_length: 256
 profiles:
   default:
-    adapter_path: sie.engines.cross_encoder:CrossEncoderScorer
+    adapter_path: sie.engines.scorers.cross_encoder:CrossEncoderScorer
     max_batch_tokens: 8192
 """

@@ -2,7 +2,7 @@
 
 A generation request is admitted on the engine's **own** scheduler state, not on a
 gateway-local counter. This module holds only the values and the rule; polling
-(``sie.engines.engine_observer``) and parking (``sie.roles.gateway.admission``) live elsewhere.
+(``sie.engines.runtime.observer``) and parking (``sie.roles.gateway.admission``) live elsewhere.
 
 The rule (admission-gate.md "The decision")::
 

@@ -112,6 +112,29 @@ def adapter_module(adapter_path: str) -> str:
     return adapter_path.split(":", 1)[0]
 
 
+#: Engine modules that moved when ``sie.engines`` was laid out by kind: configs and
+#: bundles written with the old module path keep working: the old path stands for the new
+#: one wherever a module is matched against a bundle or imported. Stored text is
+#: left as written, so a config's hash does not change (docs/architecture.md
+#: "Where things go", §7).
+RENAMED_ADAPTER_MODULES: dict[str, str] = {
+    "sie.engines.sentence_transformers": "sie.engines.encoders.sentence_transformers",
+    "sie.engines.cross_encoder": "sie.engines.scorers.cross_encoder",
+    "sie.engines.gliner": "sie.engines.extractors.gliner",
+    "sie.engines.token_classification": "sie.engines.extractors.token_classification",
+    "sie.engines.transformers_gen": "sie.engines.generators.transformers_gen",
+    "sie.engines.vllm_engine": "sie.engines.generators.vllm_engine",
+    "sie.engines.openai_upstream": "sie.engines.generators.openai_upstream",
+}
+
+
+def canonical_adapter_path(adapter_path: str) -> str:
+    """``adapter_path`` (``"module:Class"`` or a bare module) with a renamed module
+    replaced by its current path (``RENAMED_ADAPTER_MODULES``); others unchanged."""
+    module, sep, cls = adapter_path.partition(":")
+    return RENAMED_ADAPTER_MODULES.get(module, module) + sep + cls
+
+
 class _Strict(BaseModel):
     # strict: no "yes" → True, no true → 1; allow_inf_nan=False: no "1e999" → inf
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
@@ -371,6 +394,12 @@ class Bundle(_Strict):
         if not POOL_RE.fullmatch(v):
             raise ValueError(f"bundle name {v!r} must match {POOL_RE.pattern}")
         return v
+
+    def runs(self, module: str) -> bool:
+        """Whether this bundle lists adapter ``module`` (old and new spellings of a
+        renamed module match: ``canonical_adapter_path``)."""
+        want = canonical_adapter_path(module)
+        return any(canonical_adapter_path(m) == want for m in self.adapters)
 
 
 #: Most validation errors one ``ConfigError`` lists (the rest are counted).

@@ -59,7 +59,7 @@ def bundle_document(
         profiles = []
         for name in sorted(cfg.profiles):
             resolved = cfg.resolve_profile(name)
-            if resolved.adapter_module not in bundle.adapters:
+            if not bundle.runs(resolved.adapter_module):
                 continue
             raw = cfg.profiles[name]
             opts = raw.adapter_options.model_dump() if raw.adapter_options is not None else None

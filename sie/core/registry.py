@@ -199,7 +199,7 @@ class RegistrySnapshot:
 
     def bundles_for_module(self, module: str) -> tuple[str, ...]:
         """Bundle names listing ``module``, lowest priority first."""
-        hits = [b for b in self.bundles.values() if module in b.adapters]
+        hits = [b for b in self.bundles.values() if b.runs(module)]
         hits.sort(key=lambda b: (b.priority, b.name))
         return tuple(b.name for b in hits)
 

@@ -8,7 +8,7 @@ rule used in both places a config is acted upon:
 * at write time, by the config authority (``sie.control.authority``), before
   anything is persisted: ``ConfigTrust.check`` raises ``ValidationFailed`` (422)
   naming the field;
-* at load time, by the worker's model cache (``sie.engines.cache``), because configs
+* at load time, by the worker's model cache (``sie.engines.runtime.cache``), because configs
   also arrive as bus deltas, from seed files and from the store: ``check_load``
   raises ``ModelLoadFailed`` (``error_class`` ``CONFIG``, permanent) before any engine
   is built or imported.

@@ -3,7 +3,7 @@
 Engines are synchronous. The worker runs ``load``, the task methods and ``unload``
 on worker threads, never two at once for one model, unless the engine declares
 ``concurrent_calls = N`` (its task methods are thread-safe): then up to N task calls
-run at once on a CPU (``sie.engines.threads``, ``sie.engines.batching``), still
+run at once on a CPU (``sie.engines.runtime.threads``, ``sie.engines.runtime.batching``), still
 never alongside ``load`` or ``unload``. Constructors take ``(config, profile,
 device)`` and do no I/O; ``load`` does the heavy work.
 
@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypedDict, runtime_checkable
 
 import numpy as np
 
-from sie.core.config import ModelConfig, ResolvedProfile
+from sie.core.config import ModelConfig, ResolvedProfile, canonical_adapter_path
 from sie.core.errors import ModelLoadFailed
 
 __all__ = [
@@ -208,8 +208,8 @@ def load_engine_class(adapter_path: str, allowed_modules: Sequence[str]) -> Engi
     Raises:
         ModelLoadFailed: module not in the bundle, not importable, or no such class.
     """
-    module_name, _, cls_name = adapter_path.partition(":")
-    if module_name not in allowed_modules:
+    module_name, _, cls_name = canonical_adapter_path(adapter_path).partition(":")
+    if module_name not in {canonical_adapter_path(m) for m in allowed_modules}:
         raise ModelLoadFailed(
             f"adapter module {module_name!r} is not in this worker's bundle {sorted(allowed_modules)}",
             error_class="DEPENDENCY",

@@ -169,7 +169,7 @@ def default_weights_roots(model_cache_dir: str | Path | None = None) -> tuple[Pa
         roots.append(Path(constants.HF_HUB_CACHE))
     except ImportError:
         roots.append(Path("~/.cache/huggingface/hub").expanduser())
-    from sie.engines.gguf import GGUF_PACKAGES, model_cache_root
+    from sie.engines.generators.gguf import GGUF_PACKAGES, model_cache_root
 
     roots.append(model_cache_root(model_cache_dir))
     modules = [m for m, _ in PACKAGED_MODELS.values()] + [m for m, _ in GGUF_PACKAGES.values()]

@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 OutputType = Literal["dense", "sparse", "multivector"]
-#: reference §1.5 (sie.engines.quantize)
+#: reference §1.5 (sie.engines.encoders.quantize)
 OutputDtype = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]
 
 

@@ -32,7 +32,7 @@ hf_id: sentence-transformers/all-MiniLM-L6-v2
 tasks: {{encode: {{dense: {{dim: 384}}}}}}
 profiles:
   default:
-    adapter_path: sie.engines.sentence_transformers:DenseEncoder
+    adapter_path: sie.engines.encoders.sentence_transformers:DenseEncoder
     max_batch_tokens: 4096
 """.encode()
 

@@ -5,7 +5,7 @@ OpenAI-compatible server, deterministic and scripted.
   call (``encode``, ``decode``, ``__call__``, ``apply_chat_template`` with a ChatML
   template, ``eos_token_id``); ``decode(encode(text)) == text`` for any text.
 - ``FakeAsyncLLM``: exactly the subset of vLLM's ``AsyncLLM`` that
-  ``sie.engines.vllm_engine.VllmGenerator`` uses: ``generate(prompt, sampling_params,
+  ``sie.engines.generators.vllm_engine.VllmGenerator`` uses: ``generate(prompt, sampling_params,
   request_id)`` (an async generator of cumulative ``RequestOutput``s: text, token ids,
   ``finish_reason``), ``abort(request_id)`` (a final output with ``finish_reason
   "abort"``, as vLLM >= 0.10 produces), ``get_tokenizer()``, ``vllm_config`` and

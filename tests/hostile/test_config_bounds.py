@@ -63,7 +63,7 @@ from sie.settings import ServeSettings
 from tests.configdata import ADAPTER, model_doc, model_yaml, registry
 from tests.conftest import MINILM, Stack, run_stack, wait_for
 
-ST_ADAPTER = "sie.engines.sentence_transformers:DenseEncoder"
+ST_ADAPTER = "sie.engines.encoders.sentence_transformers:DenseEncoder"
 LONG = "a" * 10_000
 
 

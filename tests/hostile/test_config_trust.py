@@ -34,13 +34,13 @@ from sie.core.errors import ModelLoadFailed, ValidationFailed
 from sie.core.registry import ModelEntry, ModelRegistry
 from sie.core.trust import ConfigTrust, parse_upstream_url, redact_paths
 from sie.engines import weights
-from sie.engines.cache import ModelCache
+from sie.engines.runtime.cache import ModelCache
 from sie.settings import ServeSettings
 from tests.conftest import BUNDLES, Stack, run_stack, wait_for
 
 MINILM_HF = "sentence-transformers/all-MiniLM-L6-v2"
-ST = "sie.engines.sentence_transformers:DenseEncoder"
-UPSTREAM = "sie.engines.openai_upstream:OpenAIUpstreamGenerator"
+ST = "sie.engines.encoders.sentence_transformers:DenseEncoder"
+UPSTREAM = "sie.engines.generators.openai_upstream:OpenAIUpstreamGenerator"
 LOADTIME = "adapter_options.loadtime"
 YAML = {"Content-Type": "application/yaml"}
 ADMIN = "admin-secret-never-sent"
@@ -398,7 +398,7 @@ async def test_worker_refuses_before_sizing_or_importing(tmp_path: Path) -> None
 def test_the_marker_directory_really_runs_code_when_trusted(tmp_path: Path) -> None:
     """Control for the worker test below: with trust_remote_code the load imports
     ``modeling_x.py`` (so an absent marker there means the worker refused in time)."""
-    from sie.engines.sentence_transformers import DenseEncoder
+    from sie.engines.encoders.sentence_transformers import DenseEncoder
 
     marker = tmp_path / "imported"
     d = remote_code_dir(tmp_path, f"remote-control-{os.getpid()}", marker)

@@ -11,7 +11,7 @@ weights, ``X-SIE-Pool`` / ``X-SIE-Machine-Profile``, ``Idempotency-Key``,
 ``Authorization``, ``traceparent``). A second stack with ``SIE_AUTH_MODE=token``
 covers the auth paths.
 
-Generation is served by ``sie.engines.openai_upstream`` over the fake vLLM server
+Generation is served by ``sie.engines.generators.openai_upstream`` over the fake vLLM server
 (``tests/fakes/fake_vllm.py``), so valid chat / completion / generate requests run end
 to end in milliseconds and the worker's body parsing is fuzzed too.
 
@@ -138,7 +138,7 @@ tasks: {{generate: {{}}}}
 max_sequence_length: 2048
 profiles:
   default:
-    adapter_path: sie.engines.openai_upstream:OpenAIUpstreamGenerator
+    adapter_path: sie.engines.generators.openai_upstream:OpenAIUpstreamGenerator
     max_batch_tokens: 8192
     adapter_options:
       loadtime:
@@ -1154,9 +1154,9 @@ def test_fuzz_resolve(open_stack: Stack, client: httpx.Client, data: st.DataObje
 
 
 ADAPTERS = [
-    "sie.engines.sentence_transformers:DenseEncoder",
-    "sie.engines.sentence_transformers:SparseEncoder",
-    "sie.engines.openai_upstream:OpenAIUpstreamGenerator",
+    "sie.engines.encoders.sentence_transformers:DenseEncoder",
+    "sie.engines.encoders.sentence_transformers:SparseEncoder",
+    "sie.engines.generators.openai_upstream:OpenAIUpstreamGenerator",
     "sie.engines.nope:Nope",
     "os:system",
     "",
@@ -1234,7 +1234,7 @@ VALID_CONFIG_DOC = st.builds(
         "tasks": {"encode": {"dense": {"dim": dim}}},
         "profiles": {
             "default": {
-                "adapter_path": "sie.engines.sentence_transformers:DenseEncoder",
+                "adapter_path": "sie.engines.encoders.sentence_transformers:DenseEncoder",
                 "max_batch_tokens": mbt,
             }
         },

@@ -34,7 +34,7 @@ from sie.core.admission import (
     EngineState,
 )
 from sie.core.errors import AdmissionRejected
-from sie.engines.engine_observer import EngineObserver
+from sie.engines.runtime.observer import EngineObserver
 from sie.http.errors import error_headers
 from sie.roles.gateway.admission import AdmissionGate
 from sie.telemetry import Metrics
@@ -408,7 +408,7 @@ async def test_failed_self_check_sets_degraded_and_logs_error_until_a_read_succe
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     metrics = Metrics()
-    caplog.set_level(logging.INFO, logger="sie.engines.engine_observer")
+    caplog.set_level(logging.INFO, logger="sie.engines.runtime.observer")
     async with fake_engine() as engine:
         engine.status = 500
         async with running_gate(BASE, engine.url, metrics=metrics, read=False) as gate:
@@ -429,7 +429,7 @@ async def test_failed_self_check_sets_degraded_and_logs_error_until_a_read_succe
 async def test_self_check_on_an_unreachable_engine(caplog: pytest.LogCaptureFixture) -> None:
     metrics = Metrics()
     obs = EngineObserver(dead_url(), model=MODEL, cfg=BASE, metrics=metrics)
-    with caplog.at_level(logging.ERROR, logger="sie.engines.engine_observer"):
+    with caplog.at_level(logging.ERROR, logger="sie.engines.runtime.observer"):
         assert await obs.self_check() is False
     assert obs.degraded and sample(metrics, "sie_observer_degraded", model=MODEL) == 1
     assert any(r.levelno == logging.ERROR for r in caplog.records)

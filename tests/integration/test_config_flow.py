@@ -35,7 +35,7 @@ tasks: {{encode: {{dense: {{dim: 384}}}}}}
 max_sequence_length: 256
 profiles:
   default:
-    adapter_path: sie.engines.sentence_transformers:DenseEncoder
+    adapter_path: sie.engines.encoders.sentence_transformers:DenseEncoder
     max_batch_tokens: 8192
     adapter_options:
       loadtime: {{flag: 0}}

@@ -10,7 +10,7 @@ import pytest
 
 from sie.core.config import parse_model_config
 from sie.core.errors import ModelLoadFailed
-from sie.engines.sentence_transformers import DenseEncoder
+from sie.engines.encoders.sentence_transformers import DenseEncoder
 from sie.engines.weights import resolve_weights
 from tests.conftest import CONFIGS
 
@@ -130,7 +130,7 @@ def test_missing_weights_fail_fast_naming_what_was_tried(tmp_path: Path) -> None
             "tasks": {"encode": {"dense": {"dim": 4}}},
             "profiles": {
                 "default": {
-                    "adapter_path": "sie.engines.sentence_transformers:DenseEncoder",
+                    "adapter_path": "sie.engines.encoders.sentence_transformers:DenseEncoder",
                     "max_batch_tokens": 1,
                 }
             },
@@ -152,7 +152,7 @@ def test_load_failure_is_a_502_over_http(tmp_path: Path) -> None:
 
     (tmp_path / "ghost.yaml").write_text(
         "sie_id: ghost/model\nhf_id: ghost/model\ntasks: {encode: {dense: {dim: 4}}}\n"
-        "profiles: {default: {adapter_path: 'sie.engines.sentence_transformers:DenseEncoder', max_batch_tokens: 64}}\n"
+        "profiles: {default: {adapter_path: 'sie.engines.encoders.sentence_transformers:DenseEncoder', max_batch_tokens: 64}}\n"
     )
     with (
         run_stack(models_dir=str(tmp_path)) as s,
@@ -205,7 +205,7 @@ MIXED = [
 
 
 def test_cpu_engine_uses_the_trace_and_it_equals_eager(engine: DenseEncoder) -> None:
-    """sie.engines.torchscript: one GIL-free call per forward pass, same numbers."""
+    """sie.engines.encoders.torchscript: one GIL-free call per forward pass, same numbers."""
     assert engine._traced is not None
     kw = {"output_types": ["dense", "multivector"], "options": {"normalize": True}}
     traced = engine.encode(MIXED, **kw)
@@ -223,19 +223,19 @@ def test_cpu_engine_uses_the_trace_and_it_equals_eager(engine: DenseEncoder) -> 
 def test_a_trace_that_differs_from_eager_is_not_used(
     st_model: object, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from sie.engines import torchscript
+    from sie.engines.encoders import torchscript
 
     assert torchscript.trace_st_encoder(st_model) is not None
     monkeypatch.setattr(torchscript, "TOLERANCE", -1.0)  # nothing can match now
-    with caplog.at_level("WARNING", logger="sie.engines.torchscript"):
+    with caplog.at_level("WARNING", logger="sie.engines.encoders.torchscript"):
         assert torchscript.trace_st_encoder(st_model) is None
     assert "eager kept" in caplog.text
 
 
 def test_other_pipelines_are_not_traced() -> None:
     """SPLADE's first module is an MLM head, not the plain encoder the trace covers."""
-    from sie.engines.sentence_transformers import SparseEncoder
-    from sie.engines.torchscript import trace_st_encoder
+    from sie.engines.encoders.sentence_transformers import SparseEncoder
+    from sie.engines.encoders.torchscript import trace_st_encoder
 
     cfg = parse_model_config((CONFIGS / "rasyosef__splade-tiny.yaml").read_text())
     sparse = SparseEncoder(cfg, cfg.resolve_profile(), "cpu")

@@ -40,7 +40,7 @@ weights_path: {gliner_dir}
 tasks: {{extract: {{}}}}
 profiles:
   default:
-    adapter_path: sie.engines.gliner:GlinerExtractor
+    adapter_path: sie.engines.extractors.gliner:GlinerExtractor
     max_batch_tokens: 8192
 """
     )
@@ -452,7 +452,7 @@ weights_path: {tmp_path / "nowhere"}
 tasks: {{encode: {{dense: {{dim: 8}}}}}}
 profiles:
   default:
-    adapter_path: sie.engines.sentence_transformers:DenseEncoder
+    adapter_path: sie.engines.encoders.sentence_transformers:DenseEncoder
     max_batch_tokens: 1024
 """
     )

@@ -151,4 +151,4 @@ def test_config_port_bundle_not_found(stack: Stack) -> None:
     r = httpx.get(f"http://127.0.0.1:{stack.running.config_port}/v1/configs/bundles/nope")
     assert r.status_code == 404 and r.json()["detail"]["code"] == "BUNDLE_NOT_FOUND"
     r = httpx.get(f"http://127.0.0.1:{stack.running.config_port}/v1/configs/bundles/default")
-    assert r.status_code == 200 and "sie.engines.sentence_transformers" in r.text
+    assert r.status_code == 200 and "sie.engines.encoders.sentence_transformers" in r.text

@@ -19,7 +19,7 @@ from sie.core.admission import (
     effective_max_inflight,
 )
 from sie.core.errors import AdmissionRejected, error_for_code
-from sie.engines.engine_observer import EngineMetricsError, parse_engine_metrics
+from sie.engines.runtime.observer import EngineMetricsError, parse_engine_metrics
 from sie.roles.gateway.admission import admission_config
 from sie.settings import ENV_VARS, ServeSettings
 

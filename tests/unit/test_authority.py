@@ -165,7 +165,7 @@ async def test_epoch_advances_without_a_store(bus: MemoryBus) -> None:
         (b"x" * (1024 * 1024 + 1), PayloadTooLarge),
         (
             b'sie_id: "acme/nl\\n"\nhf_id: x\ntasks: {encode: {dense: {dim: 8}}}\n'
-            b"profiles: {default: {adapter_path: 'sie.engines.sentence_transformers:DenseEncoder',"
+            b"profiles: {default: {adapter_path: 'sie.engines.encoders.sentence_transformers:DenseEncoder',"
             b" max_batch_tokens: 8}}\n",
             InvalidModelId,
         ),
@@ -173,7 +173,7 @@ async def test_epoch_advances_without_a_store(bus: MemoryBus) -> None:
             model_yaml(
                 profiles={
                     "default": {
-                        "adapter_path": "sie.engines.sentence_transformers:DenseEncoder",
+                        "adapter_path": "sie.engines.encoders.sentence_transformers:DenseEncoder",
                         "max_batch_tokens": 1,
                         "adaptive_batching": {"a": "1e999"},
                     }
@@ -188,7 +188,7 @@ async def test_epoch_advances_without_a_store(bus: MemoryBus) -> None:
             model_yaml(
                 profiles={
                     "default": {
-                        "adapter_path": "sie.engines.sentence_transformers:DenseEncoder",
+                        "adapter_path": "sie.engines.encoders.sentence_transformers:DenseEncoder",
                         "max_batch_tokens": 1,
                         "adapter_options": {"runtime": {"query_template": "{bad}"}},
                     }
@@ -223,7 +223,7 @@ async def test_conflict_is_409_and_changes_nothing(bus: MemoryBus) -> None:
             model_yaml(
                 profiles={
                     "default": {
-                        "adapter_path": "sie.engines.sentence_transformers:DenseEncoder",
+                        "adapter_path": "sie.engines.encoders.sentence_transformers:DenseEncoder",
                         "max_batch_tokens": 7,
                     }
                 }
@@ -454,7 +454,7 @@ async def test_store_not_restored_still_enforces_append_only(bus: MemoryBus) -> 
     changed = model_yaml(
         profiles={
             "default": {
-                "adapter_path": "sie.engines.sentence_transformers:DenseEncoder",
+                "adapter_path": "sie.engines.encoders.sentence_transformers:DenseEncoder",
                 "max_batch_tokens": 7,
             }
         }

@@ -7,7 +7,7 @@ from collections.abc import Hashable, Sequence
 import anyio
 import pytest
 
-from sie.engines.batching import TokenBudgetBatcher
+from sie.engines.runtime.batching import TokenBudgetBatcher
 
 pytestmark = pytest.mark.anyio
 
@@ -112,7 +112,7 @@ async def test_cancelled_items_are_dropped_before_the_engine() -> None:
 def test_padding_plan_is_a_permutation_and_saves_padding() -> None:
     import random
 
-    from sie.engines.batching import plan_padding_chunks
+    from sie.engines.runtime.batching import plan_padding_chunks
 
     rng = random.Random(7)
     for n in (1, 3, 9, 32, 64):
@@ -153,7 +153,7 @@ class Overlap:
 
 @pytest.mark.parametrize("slots", [1, 2])
 async def test_engine_slots_bound_concurrent_engine_calls(slots: int) -> None:
-    """sie.engines.threads: up to ``limiter.total_tokens`` engine calls at once."""
+    """sie.engines.runtime.threads: up to ``limiter.total_tokens`` engine calls at once."""
     engine = Overlap(0.15)
     b = TokenBudgetBatcher(
         engine,

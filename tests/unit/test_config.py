@@ -11,7 +11,7 @@ hf_id: org/m
 tasks: {encode: {dense: {dim: 8}}}
 profiles:
   default:
-    adapter_path: sie.engines.sentence_transformers:DenseEncoder
+    adapter_path: sie.engines.encoders.sentence_transformers:DenseEncoder
     max_batch_tokens: 1024
     adapter_options: {loadtime: {a: 1}, runtime: {normalize: true}}
   fast:
@@ -24,7 +24,7 @@ profiles:
 def test_parses_and_resolves_extends() -> None:
     cfg = parse_model_config(BASE)
     fast = cfg.resolve_profile("fast")
-    assert fast.adapter_path == "sie.engines.sentence_transformers:DenseEncoder"
+    assert fast.adapter_path == "sie.engines.encoders.sentence_transformers:DenseEncoder"
     assert fast.max_batch_tokens == 64
     assert fast.runtime == {"normalize": False}  # non-empty child dict replaces the parent's
     assert fast.loadtime == {"a": 1}  # empty child dict inherits
@@ -129,5 +129,6 @@ def test_shipped_configs_load() -> None:
         "sentence-transformers/all-MiniLM-L6-v2",
     ]
     assert (
-        bundles[0].name == "default" and "sie.engines.sentence_transformers" in bundles[0].adapters
+        bundles[0].name == "default"
+        and "sie.engines.encoders.sentence_transformers" in bundles[0].adapters
     )

@@ -1,4 +1,4 @@
-"""``sie.engines.cross_encoder.CrossEncoderScorer`` on real, offline weights.
+"""``sie.engines.scorers.cross_encoder.CrossEncoderScorer`` on real, offline weights.
 
 Two models are built per module (``tests.distill``): MiniLM distilled into a
 cross-encoder (real ordering, tens of seconds on 2 cores) and a tiny random BERT
@@ -18,7 +18,7 @@ import pytest
 from sie.core.config import ModelConfig, parse_model_config
 from sie.core.errors import InferenceError, InvalidInput, ModelLoadFailed
 from sie.engines.base import ScoreEngine, load_engine_class, memory_bytes
-from sie.engines.cross_encoder import CrossEncoderScorer
+from sie.engines.scorers.cross_encoder import CrossEncoderScorer
 from tests.distill import (
     TRAIN_TEXTS,
     TRAIN_TOPICS,
@@ -27,7 +27,7 @@ from tests.distill import (
 
 pytestmark = pytest.mark.slow
 
-MODULE = "sie.engines.cross_encoder"
+MODULE = "sie.engines.scorers.cross_encoder"
 ADAPTER = f"{MODULE}:CrossEncoderScorer"
 
 #: Held-out topic → (query, relevant document). Topics and texts are not in TRAIN_TOPICS.

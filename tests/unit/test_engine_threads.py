@@ -1,4 +1,4 @@
-"""sie.engines.threads: engine slots per model and torch threads per engine call."""
+"""sie.engines.runtime.threads: engine slots per model and torch threads per engine call."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from sie.engines.threads import CallThreads, cpu_cores, engine_slots
+from sie.engines.runtime.threads import CallThreads, cpu_cores, engine_slots
 
 
 class Plain:

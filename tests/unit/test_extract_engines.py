@@ -19,14 +19,14 @@ import pytest
 from sie.core.config import parse_model_config
 from sie.core.errors import InvalidInput
 from sie.engines.base import Entity, ExtractEngine, load_engine_class
-from sie.engines.gliner import GlinerExtractor
-from sie.engines.token_classification import OnnxTokenClassifier
+from sie.engines.extractors.gliner import GlinerExtractor
+from sie.engines.extractors.token_classification import OnnxTokenClassifier
 from tests.builders import build_untrained_gliner
 
 pytestmark = pytest.mark.slow
 
-TC = "sie.engines.token_classification"
-GL = "sie.engines.gliner"
+TC = "sie.engines.extractors.token_classification"
+GL = "sie.engines.extractors.gliner"
 
 PII = (
     "My name is Johnson Smithers and I live at 42 Baker Street, London. "

@@ -41,8 +41,8 @@ from sie.core.errors import (
 )
 from sie.core.trust import ConfigTrust
 from sie.engines.generation import EngineState, GenerationEngine, GenerationRequest
-from sie.engines.openai_upstream import OpenAIUpstreamGenerator
-from sie.engines.vllm_engine import VllmGenerator
+from sie.engines.generators.openai_upstream import OpenAIUpstreamGenerator
+from sie.engines.generators.vllm_engine import VllmGenerator
 from tests.conftest import MODEL_CACHE
 from tests.fakes.fake_vllm import (
     COUNTING,
@@ -101,7 +101,9 @@ def vllm_engine(
     fake: FakeVllm, loadtime: dict[str, Any] | None = None, **doc: Any
 ) -> VllmGenerator:
     cfg, profile = engine_config(
-        "sie.engines.vllm_engine:VllmGenerator", {"max_num_seqs": 4, **(loadtime or {})}, **doc
+        "sie.engines.generators.vllm_engine:VllmGenerator",
+        {"max_num_seqs": 4, **(loadtime or {})},
+        **doc,
     )
     return VllmGenerator(cfg, profile, "cuda", vllm_module=fake, registry=fake.registry)
 
@@ -131,7 +133,9 @@ def upstream_engine(
         "api_key": "sk-test",
         **loadtime,
     }
-    cfg, profile = engine_config("sie.engines.openai_upstream:OpenAIUpstreamGenerator", opts)
+    cfg, profile = engine_config(
+        "sie.engines.generators.openai_upstream:OpenAIUpstreamGenerator", opts
+    )
     return OpenAIUpstreamGenerator(cfg, profile, trust=trust)
 
 
@@ -279,7 +283,9 @@ async def test_vllm_state_by_counting_without_gauges() -> None:
     registry = CollectorRegistry()
     registry.register(other.collector())
     fake = FakeVllm()
-    cfg, profile = engine_config("sie.engines.vllm_engine:VllmGenerator", {"max_num_seqs": 2})
+    cfg, profile = engine_config(
+        "sie.engines.generators.vllm_engine:VllmGenerator", {"max_num_seqs": 2}
+    )
     eng = VllmGenerator(cfg, profile, "cuda", vllm_module=fake, registry=registry)
     await anyio.to_thread.run_sync(eng.load)
     try:
@@ -350,7 +356,7 @@ async def test_vllm_engine_arguments(tmp_path: Path) -> None:
 
 def test_vllm_missing_is_a_dependency_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
-    cfg, profile = engine_config("sie.engines.vllm_engine:VllmGenerator", {})
+    cfg, profile = engine_config("sie.engines.generators.vllm_engine:VllmGenerator", {})
     with pytest.raises(ModelLoadFailed) as info:
         VllmGenerator(cfg, profile).load()
     assert info.value.fields["error_class"] == "DEPENDENCY"
@@ -691,7 +697,7 @@ def test_upstream_options() -> None:
     url, body = eng.request_body(request(messages=FRANCE))
     assert url == "http://vllm:8000/v1/chat/completions" and body["model"] == UPSTREAM_MODEL
     cfg, profile = engine_config(
-        "sie.engines.openai_upstream:OpenAIUpstreamGenerator",
+        "sie.engines.generators.openai_upstream:OpenAIUpstreamGenerator",
         {"base_url": "https://up.example"},
         sie_id="org/served",
         hf_id="org/weights",
@@ -764,7 +770,7 @@ def real_vllm() -> Iterator[tuple[VllmGenerator, Any]]:
     from transformers import AutoTokenizer
 
     cfg, profile = engine_config(
-        "sie.engines.vllm_engine:VllmGenerator",
+        "sie.engines.generators.vllm_engine:VllmGenerator",
         {
             "max_num_seqs": 4,
             "gpu_memory_utilization": 0.3,

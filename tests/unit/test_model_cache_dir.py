@@ -4,7 +4,7 @@ and the default weights roots, and nothing reads it from the environment later."
 from pathlib import Path
 
 from sie.core.config import parse_model_config
-from sie.engines.transformers_gen import TransformersGenerator
+from sie.engines.generators.transformers_gen import TransformersGenerator
 from sie.engines.weights import default_weights_roots
 from sie.settings import ServeSettings
 
@@ -17,7 +17,7 @@ def _generator(**extra: object) -> TransformersGenerator:
             "tasks": {},
             "profiles": {
                 "default": {
-                    "adapter_path": "sie.engines.transformers_gen:TransformersGenerator",
+                    "adapter_path": "sie.engines.generators.transformers_gen:TransformersGenerator",
                     "max_batch_tokens": 64,
                 }
             },

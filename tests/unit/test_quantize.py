@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sie.core.errors import InvalidInput
-from sie.engines.quantize import check_output_dtype, quantize, quantize_sparse
+from sie.engines.encoders.quantize import check_output_dtype, quantize, quantize_sparse
 
 ROW = np.array([0.5, -1.0, 0.25, 0.0, 2.0, -0.5, 0.1, -0.1, 0.3], dtype=np.float32)
 

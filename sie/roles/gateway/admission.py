@@ -50,7 +50,7 @@ from sie.core.admission import (
     decide,
 )
 from sie.core.errors import AdmissionRejected
-from sie.engines.engine_observer import EngineObserver
+from sie.engines.runtime.observer import EngineObserver
 from sie.settings import ServeSettings
 from sie.telemetry import Metrics
 

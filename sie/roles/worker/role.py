@@ -3,7 +3,7 @@
 Lane: ``sie.work.{pool}.{machine_profile}.{bundle}.*`` on stream
 ``WORK_POOL_{pool}`` (architecture §8.2), durable consumer
 ``{bundle}_{machine_profile}``. For each work item (§16.2 step 3): decode, resolve
-the model in the local registry, load it on first use (``sie.engines.cache``: memory
+the model in the local registry, load it on first use (``sie.engines.runtime.cache``: memory
 budget, LRU eviction), run its operation (encode, score or extract) through the
 model's token-budget batcher (``sie.roles.worker.tasks``), publish the ``WorkResult`` on
 the item's ``reply_subject``, and only then ack. A failing item yields an error result with
@@ -40,7 +40,7 @@ from sie.core.wire import (
     packb,
     salvage_reply,
 )
-from sie.engines.cache import ModelCache, device_memory_bytes
+from sie.engines.runtime.cache import ModelCache, device_memory_bytes
 from sie.engines.weights import weights_bytes
 from sie.roles.config_sync import build_config_sync, run_config_sync
 from sie.roles.trust import config_trust

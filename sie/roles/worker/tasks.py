@@ -14,7 +14,7 @@ they need no key of their own. Results (msgpack maps, numpy arrays inside):
 
 - encode: ``{"dense": {dims, dtype, values}, "sparse": {dims, dtype, indices, values},
   "multivector": {token_dims, num_tokens, dtype, values}}`` for the requested types,
-  after ``output_dtype`` (``sie.engines.quantize``);
+  after ``output_dtype`` (``sie.engines.encoders.quantize``);
 - score: ``{"scores": [float, ...]}`` in candidate order;
 - extract: ``{"entities": [...], "relations": [], "classifications": [], "objects": [],
   "data": {}}``.
@@ -34,7 +34,7 @@ import numpy as np
 from sie.core.errors import InvalidInput
 from sie.core.registry import ModelEntry
 from sie.core.wire import WorkItem
-from sie.engines.quantize import check_output_dtype, quantize, quantize_sparse
+from sie.engines.encoders.quantize import check_output_dtype, quantize, quantize_sparse
 
 __all__ = ["TaskOutcome", "engine_batch_fn", "freeze", "run_task"]
 

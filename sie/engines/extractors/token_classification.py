@@ -1,4 +1,4 @@
-"""Token-classification NER on ONNX Runtime (bundle module ``sie.engines.token_classification``).
+"""Token-classification NER on ONNX Runtime (bundle module ``sie.engines.extractors.token_classification``).
 
 ``OnnxTokenClassifier``: a directory (found by ``resolve_weights``) holding
 ``config.json`` (``id2label`` with BIO tags such as ``B-GIVEN_NAME``), ``tokenizer.json``

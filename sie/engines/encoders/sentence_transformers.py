@@ -1,4 +1,4 @@
-"""sentence-transformers engines (bundle module ``sie.engines.sentence_transformers``).
+"""sentence-transformers engines (bundle module ``sie.engines.encoders.sentence_transformers``).
 
 ``DenseEncoder``: ``SentenceTransformer`` → ``dense: float32 [n, dim]`` and
 ``multivector`` (per-token embeddings); scores by cosine for ``tasks.score`` models.
@@ -21,10 +21,10 @@ import numpy as np
 from sie.core.config import ModelConfig, ResolvedProfile
 from sie.core.errors import InferenceError, ModelLoadFailed
 from sie.core.templates import render_input
-from sie.engines.batching import plan_padding_chunks
+from sie.engines.encoders.torchscript import TracedEncoder, trace_st_encoder
 from sie.engines.options import runtime_positive_int
+from sie.engines.runtime.batching import plan_padding_chunks
 from sie.engines.tokens import counting_tokenizer, torch_bytes
-from sie.engines.torchscript import TracedEncoder, trace_st_encoder
 from sie.engines.weights import resolve_weights
 
 T = TypeVar("T")
@@ -116,7 +116,7 @@ class DenseEncoder:
     """Dense text embeddings from a sentence-transformers model directory."""
 
     outputs: tuple[str, ...] = ("dense", "multivector")
-    #: Task methods may run on several threads at once (sie.engines.threads): torch
+    #: Task methods may run on several threads at once (sie.engines.runtime.threads): torch
     #: modules in inference mode, and a tokenizer configured once by ``load``'s warm-up
     #: call (later calls only read its truncation/padding settings).
     concurrent_calls = 8

@@ -1,5 +1,5 @@
 """Text generation on vLLM's in-process async engine (adapter
-``sie.engines.vllm_engine:VllmGenerator``; the ``vllm`` extra, GPU only).
+``sie.engines.generators.vllm_engine:VllmGenerator``; the ``vllm`` extra, GPU only).
 
 Thin by design: vLLM schedules (continuous batching, paged KV cache, its own
 ``max_num_seqs``), samples and detokenises; this adapter maps the port onto vLLM's

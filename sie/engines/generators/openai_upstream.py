@@ -1,5 +1,5 @@
 """Text generation proxied to an external OpenAI-compatible server, e.g. a vLLM fleet
-run elsewhere (adapter ``sie.engines.openai_upstream:OpenAIUpstreamGenerator``).
+run elsewhere (adapter ``sie.engines.generators.openai_upstream:OpenAIUpstreamGenerator``).
 
 Loadtime options:
 
@@ -91,7 +91,6 @@ from sie.core.errors import (
     UpstreamUnavailable,
 )
 from sie.core.trust import ConfigTrust, parse_upstream_url
-from sie.engines.engine_observer import EngineObserver
 from sie.engines.generation import (
     EngineState,
     FinishReason,
@@ -100,6 +99,7 @@ from sie.engines.generation import (
     StopMatcher,
     validate_request,
 )
+from sie.engines.runtime.observer import EngineObserver
 
 __all__ = ["OpenAIUpstreamGenerator"]
 

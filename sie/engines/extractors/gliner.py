@@ -1,4 +1,4 @@
-"""GLiNER zero-shot entity extraction (bundle module ``sie.engines.gliner``).
+"""GLiNER zero-shot entity extraction (bundle module ``sie.engines.extractors.gliner``).
 
 ``GlinerExtractor``: a GLiNER model directory (``save_pretrained`` layout, found by
 ``resolve_weights``) → per text a list of ``Entity`` (reference §1.7).

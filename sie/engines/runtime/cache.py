@@ -48,8 +48,8 @@ from sie.core.errors import ModelLoadFailed, SieError
 from sie.core.registry import ModelEntry
 from sie.core.trust import ConfigTrust, redact_error
 from sie.engines.base import Engine, load_engine_class, memory_bytes
-from sie.engines.batching import TokenBudgetBatcher
-from sie.engines.threads import CallThreads, engine_slots
+from sie.engines.runtime.batching import TokenBudgetBatcher
+from sie.engines.runtime.threads import CallThreads, engine_slots
 from sie.gc_policy import freeze_long_lived
 
 __all__ = ["LoadedModel", "ModelCache", "device_memory_bytes"]
@@ -114,7 +114,7 @@ class ModelCache:
         device: torch device string, e.g. ``"cpu"``.
         max_batch_requests / max_batch_wait_s: batcher limits (reference §4.6).
         engine_concurrency: engine calls of one model that may run at once on a CPU,
-            for engines that allow it (``sie.engines.threads``).
+            for engines that allow it (``sie.engines.runtime.threads``).
         memory_budget_bytes: most bytes of loaded models (None: unlimited).
         idle_evict_s: unload models unused this many seconds (None: never).
         pinned: model ids never evicted (the ``--preload`` list).

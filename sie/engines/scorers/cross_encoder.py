@@ -1,4 +1,4 @@
-"""Cross-encoder rerankers (bundle module ``sie.engines.cross_encoder``).
+"""Cross-encoder rerankers (bundle module ``sie.engines.scorers.cross_encoder``).
 
 ``CrossEncoderScorer``: sentence-transformers ``CrossEncoder`` → one relevance
 score per ``(query, doc)`` pair (reference §1.6), read jointly by the model.
@@ -24,7 +24,7 @@ from typing import Any
 
 from sie.core.config import ModelConfig, ResolvedProfile
 from sie.core.errors import InferenceError, InvalidInput, ModelLoadFailed
-from sie.engines.sentence_transformers import load_st_model, probe_loaded
+from sie.engines.encoders.sentence_transformers import load_st_model, probe_loaded
 from sie.engines.tokens import torch_bytes
 
 __all__ = ["ACTIVATIONS", "CrossEncoderScorer"]
@@ -38,7 +38,7 @@ MAX_PREDICT_BATCH = 64
 class CrossEncoderScorer:
     """Query-document relevance from a sentence-transformers cross-encoder directory."""
 
-    #: ``score`` may run on several threads at once (sie.engines.threads): the model is
+    #: ``score`` may run on several threads at once (sie.engines.runtime.threads): the model is
     #: in inference mode and ``load``'s warm-up call fixes the tokenizer's settings.
     concurrent_calls = 8
 

@@ -7,7 +7,7 @@ oldest queued item, or no new item arrived for ``coalesce_s``. Items are taken
 first-come-first-served (no starvation of long texts) and grouped by a config
 key (output types, instruction, is_query, options); one engine call runs per
 group on a worker thread. Up to ``limiter.total_tokens`` batches run at once (the
-model's engine slots, see ``sie.engines.threads``); a batch is formed only when a
+model's engine slots, see ``sie.engines.runtime.threads``); a batch is formed only when a
 slot is free, so while every slot is busy new items accumulate and leave together
 as soon as one ends (continuous batching). Cancelled submitters' items are dropped
 before they reach the engine. Cancelling ``run`` waits for the engine calls in

@@ -1,0 +1,1 @@
+"""Extract engines: GLiNER span extraction and ONNX token classification."""

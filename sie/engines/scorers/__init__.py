@@ -1,0 +1,1 @@
+"""Score engines (rerankers): the sentence-transformers cross-encoder adapter."""
