@@ -190,3 +190,15 @@ def test_only_settings_reads_the_environment() -> None:
     assert bad == {}
     assert _environment_reads("import os\nx = os.environ.get('A')\n") == ["os.environ (line 2)"]
     assert _environment_reads("from os import getenv\n") == ["from os import getenv"]
+
+
+#: One concept per module: none under sie/ grows past this many lines (CONTRIBUTING.md).
+MAX_MODULE_LINES = 500
+
+
+def test_no_module_over_the_line_budget() -> None:
+    sizes = {
+        str(p.relative_to(SIE.parent)): len(p.read_text().splitlines()) for p in SIE.rglob("*.py")
+    }
+    assert len(sizes) > 50  # the walk found the package
+    assert {p: n for p, n in sizes.items() if n > MAX_MODULE_LINES} == {}

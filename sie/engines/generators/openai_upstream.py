@@ -66,7 +66,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -83,14 +82,12 @@ from sie.core.config import ModelConfig, ResolvedProfile
 from sie.core.errors import (
     GatewayTimeout,
     InferenceError,
-    InvalidInput,
-    ModelLoadFailed,
     ShuttingDown,
     SieError,
     UpstreamError,
     UpstreamUnavailable,
 )
-from sie.core.trust import ConfigTrust, parse_upstream_url
+from sie.core.trust import ConfigTrust
 from sie.engines.generation import (
     EngineState,
     FinishReason,
@@ -100,6 +97,18 @@ from sie.engines.generation import (
     validate_request,
 )
 from sie.engines.generators.inflight import InFlight
+from sie.engines.generators.openai_wire import (
+    DONE,
+    error_message,
+    event_error,
+    finish_reason,
+    next_line,
+    parse_event,
+    same_origin,
+    status_error,
+    usage_tokens,
+)
+from sie.engines.generators.upstream_options import read_upstream_options
 from sie.engines.runtime.observer import EngineObserver
 
 __all__ = ["OpenAIUpstreamGenerator"]
@@ -107,7 +116,6 @@ __all__ = ["OpenAIUpstreamGenerator"]
 log = logging.getLogger(__name__)
 
 _ABORTED = object()  # what an upstream step returns when the request was aborted
-_DONE = object()  # the ``[DONE]`` event
 
 
 @dataclass(eq=False)
@@ -171,79 +179,12 @@ class OpenAIUpstreamGenerator:
 
     # ---------------------------------------------------------------- options
 
-    def _config_error(self, name: str, what: str) -> ModelLoadFailed:
-        got = self.profile.loadtime.get(name)
-        return ModelLoadFailed(
-            f"model {self.config.sie_id!r}: loadtime.{name} must be {what}, got {got!r}",
-            error_class="CONFIG",
-            permanent=True,
-        )
-
-    def _refused(self, name: str, setting: str) -> ModelLoadFailed:
-        return ModelLoadFailed(
-            f"model {self.config.sie_id!r}: loadtime.{name} {self.profile.loadtime.get(name)!r} "
-            f'is not allowed by the operator ({setting}; docs/security.md "Trust model")',
-            error_class="CONFIG",
-            permanent=True,
-            config_field=f"profiles.{self.profile.name}.adapter_options.loadtime.{name}",
-        )
-
-    def _opt_str(self, name: str) -> str | None:
-        v = self.profile.loadtime.get(name)
-        if v is not None and (not isinstance(v, str) or not v):
-            raise self._config_error(name, "a non-empty string")
-        return v
-
-    def _opt_seconds(self, name: str, default: float) -> float:
-        v = self.profile.loadtime.get(name, default)
-        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < float("inf"):
-            raise self._config_error(name, "a positive number of seconds")
-        return float(v)
-
     def _read_options(self) -> None:
-        lt = self.profile.loadtime
-        base = self._opt_str("base_url")
-        if base is None or not base.startswith(("http://", "https://")):
-            raise self._config_error("base_url", "an http(s) URL of the upstream server")
-        if not self._trust.upstream_allowed(base):
-            raise self._refused("base_url", "SIE_UPSTREAM_BASE_URLS")
-        base = base.rstrip("/")
-        root = base.removesuffix("/v1")
-        self.base_url, self.api_root = root, root + "/v1"
-        key = self._opt_str("api_key")
-        env = self._opt_str("api_key_env")
-        if env is not None:
-            if env not in self._trust.upstream_api_key_envs:
-                raise self._refused("api_key_env", "SIE_UPSTREAM_API_KEY_ENVS")
-            key = self._trust.api_key(env)
-            if key is None:
-                raise ModelLoadFailed(
-                    f"model {self.config.sie_id!r}: loadtime.api_key_env names {env!r}, "
-                    "which is not set on this worker",
-                    error_class="CONFIG",
-                    permanent=True,
-                )
-        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.upstream_model = self._opt_str("upstream_model") or (
-            self.config.hf_id or self.config.sie_id
-        )
-        metrics = lt.get("metrics_url")
-        if metrics is False:
-            self.metrics_url = None
-        elif metrics is None:
-            self.metrics_url = root + "/metrics"
-        elif isinstance(metrics, str) and metrics.startswith(("http://", "https://")):
-            if not self._trust.upstream_allowed(metrics):
-                raise self._refused("metrics_url", "SIE_UPSTREAM_BASE_URLS")
-            self.metrics_url = metrics
-        else:
-            raise self._config_error("metrics_url", "an http(s) URL or false")
-        seqs = lt.get("max_num_seqs")
-        if seqs is not None and (isinstance(seqs, bool) or not isinstance(seqs, int) or seqs < 1):
-            raise self._config_error("max_num_seqs", "a positive integer")
-        self.max_num_seqs = seqs
-        self.timeout_s = self._opt_seconds("timeout_s", 600.0)
-        self.metrics_interval_s = self._opt_seconds("metrics_interval_s", 2.0)
+        o = read_upstream_options(self.config, self.profile, self._trust)
+        self.base_url, self.api_root, self._headers = o.base_url, o.api_root, dict(o.headers)
+        self.upstream_model, self.metrics_url = o.upstream_model, o.metrics_url
+        self.max_num_seqs, self.timeout_s = o.max_num_seqs, o.timeout_s
+        self.metrics_interval_s = o.metrics_interval_s
 
     # ---------------------------------------------------------------- load / unload
 
@@ -271,7 +212,7 @@ class OpenAIUpstreamGenerator:
     def _start_scraper(self, url: str) -> None:
         factory = self._observer_factory or EngineObserver
         # the server's own credentials go only to its own origin's metrics page
-        headers = self._headers if _same_origin(url, self.base_url) else {}
+        headers = self._headers if same_origin(url, self.base_url) else {}
         observer = factory(
             url,
             model=self.config.sie_id,
@@ -418,7 +359,7 @@ class OpenAIUpstreamGenerator:
                 if raw is _ABORTED:
                     self._raise_if_shutting_down(live)
                     return
-                raise self._status_error(response.status_code, _error_message(raw))
+                raise self._status_error(response.status_code, error_message(raw))
             lines = response.aiter_lines()
             emitted = 0  # completion tokens reported in deltas
             pending = 0  # ... counted (one per content chunk), not yet reported
@@ -426,14 +367,14 @@ class OpenAIUpstreamGenerator:
             usage: dict[str, Any] | None = None
             stopped_here: str | None = None  # text before a stop the upstream streamed
             while stopped_here is None:
-                line = await self._step(live, _next_line(lines))
+                line = await self._step(live, next_line(lines))
                 if line is _ABORTED:
                     self._raise_if_shutting_down(live)
                     return
                 if line is None:
                     break  # the stream ended (a missing [DONE] is tolerated)
-                event = _parse_event(line)
-                if event is _DONE:
+                event = parse_event(line)
+                if event is DONE:
                     break
                 if not isinstance(event, dict):
                     continue
@@ -474,7 +415,7 @@ class OpenAIUpstreamGenerator:
                     f"upstream {self.api_root} ended the stream of {rid!r} without a finish"
                 )
             reason = self._finish_reason(finish)
-            prompt_tokens, completion_tokens = _usage(usage, emitted + pending)
+            prompt_tokens, completion_tokens = usage_tokens(usage, emitted + pending)
             finished = True
             yield GenerationDelta(
                 text=matcher.flush(),
@@ -517,39 +458,13 @@ class OpenAIUpstreamGenerator:
     # ---------------------------------------------------------------- error mapping
 
     def _finish_reason(self, finish: str) -> FinishReason:
-        if finish == "length":
-            return "length"
-        if finish in ("abort", "error"):
-            raise UpstreamError(f"upstream {self.api_root} ended the request with {finish!r}")
-        return "stop"  # "stop", and anything else that ends a plain completion
+        return finish_reason(self.api_root, finish)
 
     def _status_error(self, status: int, message: str) -> SieError:
-        where = f"upstream {self.api_root}"
-        if status in (400, 413, 422):
-            return InvalidInput(f"{where} rejected the request: {message}", upstream_status=status)
-        if status in (408, 504):
-            return GatewayTimeout(f"{where} timed out ({status}): {message}")
-        if status in (429, 503):
-            return UpstreamUnavailable(f"{where} is unavailable ({status}): {message}")
-        if status in (401, 403):
-            message = f"credentials rejected (check api_key): {message}"
-        elif status == 404:
-            message = f"{message} (upstream_model {self.upstream_model!r})"
-        return UpstreamError(f"{where} answered {status}: {message}", upstream_status=status)
+        return status_error(self.api_root, status, message, self.upstream_model)
 
     def _event_error(self, event: dict[str, Any]) -> SieError | None:
-        err = event.get("error")
-        if isinstance(err, dict):
-            message, code = err.get("message"), err.get("code")
-        elif event.get("object") == "error":
-            message, code = event.get("message"), event.get("code")
-        else:
-            return None
-        try:
-            status = int(str(code))
-        except ValueError:
-            status = 500
-        return self._status_error(status, str(message or "error event"))
+        return event_error(self.api_root, event, self.upstream_model)
 
     def _transport_error(self, exc: httpx.HTTPError) -> SieError:
         if self._inflight.closed:
@@ -560,70 +475,3 @@ class OpenAIUpstreamGenerator:
         if isinstance(exc, httpx.TimeoutException):
             return GatewayTimeout(f"{where} sent nothing for {self.timeout_s:g} s")
         return UpstreamError(f"{where} connection failed: {type(exc).__name__}: {exc}")
-
-
-def _same_origin(a: str, b: str) -> bool:
-    """Whether two URLs have the same scheme, host and port (parsed, not string prefixes)."""
-    try:
-        pa, pb = parse_upstream_url(a), parse_upstream_url(b)
-    except ValueError:
-        return False
-    return (pa.scheme, pa.host, pa.port) == (pb.scheme, pb.host, pb.port)
-
-
-async def _next_line(lines: AsyncIterator[str]) -> str | None:
-    try:
-        return await lines.__anext__()
-    except StopAsyncIteration:
-        return None
-
-
-def _parse_event(line: str) -> Any:
-    """A ``data:`` line's JSON, ``_DONE``, or None for anything else (comments, other
-    fields, blank lines).
-
-    Raises:
-        UpstreamError: a data line that is not JSON.
-    """
-    if not line.startswith("data:"):
-        return None
-    data = line[5:].strip()
-    if data == "[DONE]":
-        return _DONE
-    if not data:
-        return None
-    try:
-        return json.loads(data)
-    except ValueError as exc:
-        raise UpstreamError(f"upstream sent an unreadable event: {data[:200]!r}") from exc
-
-
-def _error_message(raw: bytes) -> str:
-    """The message of an OpenAI / vLLM error body (``{"error": {"message"}}``, the older
-    ``{"object": "error", "message"}``, FastAPI's ``detail``), else its text."""
-    text = raw.decode("utf-8", "replace")
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return text.strip()[:500] or "no details"
-    if isinstance(obj, dict):
-        err = obj.get("error")
-        for candidate in (
-            err.get("message") if isinstance(err, dict) else err,
-            obj.get("message"),
-            obj.get("detail"),
-        ):
-            if candidate:
-                return str(candidate)[:500]
-    return text.strip()[:500]
-
-
-def _usage(usage: dict[str, Any] | None, counted: int) -> tuple[int | None, int]:
-    """``(prompt_tokens, completion_tokens)`` from the upstream's usage; without one the
-    prompt is unknown and the completion is the chunks counted."""
-    if usage is None:
-        return None, counted
-    p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    prompt = p if isinstance(p, int) and not isinstance(p, bool) and p >= 0 else None
-    completion = c if isinstance(c, int) and not isinstance(c, bool) and c >= 0 else counted
-    return prompt, completion

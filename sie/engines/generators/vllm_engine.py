@@ -72,8 +72,7 @@ from sie.engines.generation import (
     validate_request,
 )
 from sie.engines.generators.inflight import InFlight
-from sie.engines.options import loadtime_positive_int
-from sie.engines.weights import resolve_weights
+from sie.engines.generators.vllm_args import vllm_engine_args
 
 __all__ = ["VllmGenerator"]
 
@@ -159,61 +158,6 @@ class VllmGenerator:
 
     # ---------------------------------------------------------------- load / unload
 
-    def _model_source(self) -> str:
-        """The ``model`` argument for vLLM: a local weights path, else the ``hf_id``."""
-        cfg = self.config
-        try:
-            return str(resolve_weights(cfg))
-        except ModelLoadFailed:
-            if cfg.weights_path or not cfg.hf_id:
-                raise
-            return cfg.hf_id  # vLLM resolves it through the hub (or its offline cache)
-
-    def _build_engine_args(self) -> dict[str, Any]:
-        lt = self.profile.loadtime
-        sid = self.config.sie_id
-
-        def bad(name: str, what: str) -> ModelLoadFailed:
-            return ModelLoadFailed(
-                f"model {sid!r}: loadtime.{name} must be {what}, got {lt.get(name)!r}",
-                error_class="CONFIG",
-                permanent=True,
-            )
-
-        args: dict[str, Any] = {
-            "model": self._model_source(),
-            "served_model_name": sid,
-            "disable_log_stats": False,  # vLLM's gauges feed state()
-        }
-        if self.config.hf_revision and args["model"] == self.config.hf_id:
-            args["revision"] = self.config.hf_revision
-        if "max_num_seqs" in lt:
-            args["max_num_seqs"] = loadtime_positive_int(lt, "max_num_seqs", 1, sid)
-        if "max_model_len" in lt:
-            args["max_model_len"] = loadtime_positive_int(lt, "max_model_len", 1, sid)
-        elif self.config.max_sequence_length:
-            args["max_model_len"] = self.config.max_sequence_length
-        if "gpu_memory_utilization" in lt:
-            g = lt["gpu_memory_utilization"]
-            if isinstance(g, bool) or not isinstance(g, int | float) or not 0.0 < g <= 1.0:
-                raise bad("gpu_memory_utilization", "a number in (0, 1]")
-            args["gpu_memory_utilization"] = float(g)
-        dtype = lt.get("dtype", self.profile.compute_precision)
-        if dtype is not None:
-            if not isinstance(dtype, str) or not dtype:
-                raise bad("dtype", "a non-empty string")
-            args["dtype"] = dtype
-        for flag in ("trust_remote_code", "enforce_eager"):
-            if flag in lt:
-                if not isinstance(lt[flag], bool):
-                    raise bad(flag, "a boolean")
-                args[flag] = lt[flag]
-        extra = lt.get("engine_args", {})
-        if not isinstance(extra, dict) or not all(isinstance(k, str) for k in extra):
-            raise bad("engine_args", "a mapping of vLLM engine arguments")
-        args.update(extra)
-        return args
-
     def load(self) -> None:
         """Start vLLM (heavy: profiles memory, may compile; run it off the event loop).
 
@@ -224,7 +168,7 @@ class VllmGenerator:
         if self._engine is not None:
             return
         vllm = self._vllm_module if self._vllm_module is not None else _import_vllm()
-        args = self._build_engine_args()
+        args = vllm_engine_args(self.config, self.profile)
         sid = self.config.sie_id
         try:
             engine = vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(**args))
