@@ -18,20 +18,23 @@ Fields follow architecture §16.2 and reference §2.10.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal, TypeVar
 
 import msgpack
 import numpy as np
 import ormsgpack
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
-from sie.core.errors import WireError
+from sie.core.admission import EngineState
+from sie.core.errors import WireError, echo
 
 __all__ = [
     "ConfigNotification",
     "GenerationChunk",
     "Heartbeat",
+    "ModelLoadState",
+    "ModelStatus",
     "WorkItem",
     "WorkResult",
     "packb",
@@ -197,22 +200,31 @@ class _Message:
 
     @classmethod
     def from_map(cls: type[T], data: Any) -> T:
-        if not isinstance(data, dict):
-            raise WireError(f"{cls.__name__}: expected a map, got {type(data).__name__}")
-        _, names, checks = _fields_of(cls)
-        for name, type_name, want in checks:
-            if name in data and not isinstance(data[name], want):
-                raise WireError(
-                    f"{cls.__name__}.{name}: expected {type_name}, got {type(data[name]).__name__}"
-                )
-        try:
-            return cls(**{k: v for k, v in data.items() if k in names})
-        except TypeError as exc:
-            raise WireError(f"{cls.__name__}: {exc}") from exc
+        return _decode(cls, data)
 
     @classmethod
     def from_bytes(cls: type[T], data: bytes) -> T:
         return cls.from_map(unpackb(data))
+
+
+def _decode(cls: type[T], data: Any) -> T:
+    """``cls(**data)`` with the basic field types checked (``_Message.from_map``).
+
+    Raises:
+        WireError: not a map, a field of the wrong type, or a missing field.
+    """
+    if not isinstance(data, dict):
+        raise WireError(f"{cls.__name__}: expected a map, got {type(data).__name__}")
+    _, names, checks = _fields_of(cls)
+    for name, type_name, want in checks:
+        if name in data and not isinstance(data[name], want):
+            raise WireError(
+                f"{cls.__name__}.{name}: expected {type_name}, got {type(data[name]).__name__}"
+            )
+    try:
+        return cls(**{k: v for k, v in data.items() if k in names})
+    except TypeError as exc:
+        raise WireError(f"{cls.__name__}: {exc}") from exc
 
 
 @dataclass(slots=True)
@@ -318,19 +330,124 @@ class GenerationChunk(_Message):
     generation: bool = True  # tells a chunk from a WorkResult on the shared inbox
 
 
+#: A model's load state as a worker reports it (docs/architecture.md §6).
+ModelLoadState = Literal["available", "loading", "loaded", "unloading", "failed"]
+_LOAD_STATES = frozenset(("available", "loading", "loaded", "unloading", "failed"))
+
+
+@dataclass(slots=True, frozen=True)
+class ModelStatus:
+    """One model in a worker's heartbeat (docs/architecture.md §6, §8.1).
+
+    ``state``: ``ModelLoadState``; ``loads`` / ``evictions``: counts since the worker
+    started; ``bytes``: memory the loaded model holds (0 unless loaded);
+    ``engine_state``: a generation engine's scheduler reading (admission-gate.md),
+    None for other engines or when unreadable; ``last_error``: the envelope of the
+    last failed load (``code``, ``message``, ``error_class``, ``attempts``,
+    ``permanent``, ...), None when none failed.
+    """
+
+    name: str
+    state: str = "available"
+    loads: int = 0
+    evictions: int = 0
+    bytes: int = 0
+    engine_state: EngineState | None = None
+    last_error: dict[str, Any] | None = None
+
+    def to_map(self) -> dict[str, Any]:
+        """The msgpack / JSON map (the shape ``/health`` shows)."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "state": self.state,
+            "loads": self.loads,
+            "evictions": self.evictions,
+            "bytes": self.bytes,
+        }
+        if self.engine_state is not None:
+            out["engine_state"] = asdict(self.engine_state)
+        if self.last_error is not None:
+            out["last_error"] = self.last_error
+        return out
+
+    @classmethod
+    def from_map(cls, data: Any) -> ModelStatus:
+        """Decode and check one entry.
+
+        Raises:
+            WireError: not a map, a field of the wrong type, an unknown state, or an
+                ``engine_state`` that is not a valid reading.
+        """
+        if not isinstance(data, dict):
+            raise WireError(f"ModelStatus: expected a map, got {type(data).__name__}")
+        name, state = data.get("name"), data.get("state", "available")
+        if not isinstance(name, str) or not name:
+            raise WireError("ModelStatus.name: expected a non-empty string")
+        if state not in _LOAD_STATES:
+            raise WireError(f"ModelStatus.state: unknown state {echo(state)}")
+        loads, evictions, size = (data.get(k, 0) for k in ("loads", "evictions", "bytes"))
+        counts = (loads, evictions, size)
+        if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
+            raise WireError("ModelStatus: loads, evictions and bytes must be integers >= 0")
+        es, err = data.get("engine_state"), data.get("last_error")
+        if err is not None and not isinstance(err, dict):
+            raise WireError("ModelStatus.last_error: expected a map")
+        return cls(
+            name=name,
+            state=state,
+            loads=loads,
+            evictions=evictions,
+            bytes=size,
+            engine_state=_engine_state(es),
+            last_error=err,
+        )
+
+
+def _engine_state(data: Any) -> EngineState | None:
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise WireError("ModelStatus.engine_state: expected a map")
+    try:
+        return EngineState(**{k: data[k] for k in _ENGINE_STATE_FIELDS if k in data})
+    except (TypeError, ValueError) as exc:
+        raise WireError(f"ModelStatus.engine_state: {exc}") from exc
+
+
+_ENGINE_STATE_FIELDS = tuple(f.name for f in fields(EngineState))
+
+
 @dataclass(slots=True)
 class Heartbeat(_Message):
-    """Worker liveness on ``sie.health.{worker_id}`` (architecture §8, last one wins)."""
+    """Worker liveness on ``sie.health.{worker_id}`` (architecture §8, last one wins).
+
+    ``models``: every model the worker knows, typed (``ModelStatus``); a heartbeat
+    with a malformed entry is refused whole (``WireError``).
+    """
 
     worker_id: str
     pool: str
     machine_profile: str
     bundle: str
     ready: bool
-    models: list[dict[str, Any]] = field(default_factory=list)
+    models: list[ModelStatus] = field(default_factory=list)
     bundle_config_hash: str = ""
     timestamp: float = field(default_factory=time.time)
     interval_s: float = 1.0
+
+    def to_map(self) -> dict[str, Any]:
+        out = _Message.to_map(self)
+        out["models"] = [m.to_map() for m in self.models]
+        return out
+
+    @classmethod
+    def from_map(cls, data: Any) -> Heartbeat:
+        models = data.get("models", []) if isinstance(data, dict) else []
+        if not isinstance(models, list):
+            raise WireError("Heartbeat.models: expected a list")
+        hb = _decode(cls, data)
+        hb.models = [ModelStatus.from_map(m) for m in models]
+        return hb
 
 
 class ConfigNotification(BaseModel):

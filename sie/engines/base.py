@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, TypedDict, runtime_checkable
+from typing import Any, Protocol, TypedDict, TypeGuard, runtime_checkable
 
 import numpy as np
 
@@ -32,6 +32,10 @@ __all__ = [
     "Entity",
     "ExtractEngine",
     "ScoreEngine",
+    "implements",
+    "is_encoder",
+    "is_extractor",
+    "is_scorer",
     "load_engine_class",
     "memory_bytes",
 ]
@@ -119,6 +123,35 @@ class ExtractEngine(Protocol):
             InferenceError: the forward pass failed.
         """
         ...
+
+
+_IMPLEMENTS: dict[tuple[type, type], bool] = {}
+
+
+def implements(engine: object, protocol: type) -> bool:
+    """Whether ``engine`` has every member of the runtime-checkable ``protocol``,
+    decided once per engine class (a protocol ``isinstance`` costs microseconds and
+    the worker asks per item)."""
+    key = (type(engine), protocol)
+    got = _IMPLEMENTS.get(key)
+    if got is None:
+        got = _IMPLEMENTS[key] = isinstance(engine, protocol)
+    return got
+
+
+def is_encoder(engine: object) -> TypeGuard[EncodeEngine]:
+    """``engine`` implements ``EncodeEngine`` (``outputs``, ``prepare``, ``encode``)."""
+    return implements(engine, EncodeEngine)
+
+
+def is_scorer(engine: object) -> TypeGuard[ScoreEngine]:
+    """``engine`` implements ``ScoreEngine`` (``score``)."""
+    return implements(engine, ScoreEngine)
+
+
+def is_extractor(engine: object) -> TypeGuard[ExtractEngine]:
+    """``engine`` implements ``ExtractEngine`` (``extract``)."""
+    return implements(engine, ExtractEngine)
 
 
 def memory_bytes(engine: object) -> int:

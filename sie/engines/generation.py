@@ -20,10 +20,11 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeGuard, runtime_checkable
 
 from sie.core.admission import EngineState
 from sie.core.errors import InvalidInput
+from sie.engines.base import implements
 
 __all__ = [
     "EngineState",
@@ -33,6 +34,7 @@ __all__ = [
     "GenerationRequest",
     "SamplingParams",
     "StopMatcher",
+    "is_generator",
     "prompt_token_ids",
     "validate_request",
     "validate_sampling",
@@ -110,6 +112,17 @@ class GenerationEngine(Protocol):
         """Stop scheduling, fail in-flight requests, release memory; idempotent."""
         ...
 
+    def check_request(self, req: GenerationRequest) -> None:
+        """Validate ``req`` before the worker accepts it (synchronous; may tokenise,
+        so the worker calls it off the event loop): its fields and, where the engine
+        can tell, the prompt against the chat template and the window. The same
+        errors ``generate`` would raise first, reported before any chunk is sent.
+
+        Raises:
+            InvalidInput: naming the field.
+        """
+        ...
+
     def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationDelta]:
         """Stream the completion of ``req`` (an ``async def`` generator).
 
@@ -130,6 +143,12 @@ class GenerationEngine(Protocol):
     def state(self) -> EngineState:
         """The scheduler's current numbers; cheap, thread-safe."""
         ...
+
+
+def is_generator(engine: object) -> TypeGuard[GenerationEngine]:
+    """``engine`` implements ``GenerationEngine`` (decided once per class:
+    ``sie.engines.base.implements``)."""
+    return implements(engine, GenerationEngine)
 
 
 def validate_sampling(sp: SamplingParams) -> None:

@@ -142,9 +142,9 @@ async def health(request: Request) -> Response:
     models: dict[str, dict[str, Any]] = {}
     for hb in workers:
         for m in hb.models:
-            agg = models.setdefault(m["name"], {"name": m["name"], "states": {}, "workers": []})
+            agg = models.setdefault(m.name, {"name": m.name, "states": {}, "workers": []})
             agg["workers"].append(hb.worker_id)
-            agg["states"][hb.worker_id] = m["state"]
+            agg["states"][hb.worker_id] = m.state
     return JSONResponse(
         {
             "status": "healthy" if any(w.ready for w in workers) else "degraded",
@@ -166,7 +166,7 @@ async def health(request: Request) -> Response:
                     "machine_profile": hb.machine_profile,
                     "bundle": hb.bundle,
                     "bundle_config_hash": hb.bundle_config_hash,
-                    "models": hb.models,
+                    "models": [m.to_map() for m in hb.models],
                     "last_heartbeat_age_s": round(max(0.0, now - hb.timestamp), 3),
                 }
                 for hb in sorted(workers, key=lambda h: h.worker_id)

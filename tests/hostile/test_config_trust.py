@@ -365,7 +365,9 @@ async def test_worker_load_errors_hide_worker_paths(
     shown = info.value.to_detail()
     assert f"{tmp_path}/m/model.bin" in shown["message"]  # the writer's own path
     assert "/opt/worker" not in json.dumps(shown) and "/root/.cache" not in json.dumps(shown)
-    last = {s["name"]: s for s in cache.statuses()}["acme/leaky"]["last_error"]
+    last = {s["name"]: s for s in [st.to_map() for st in cache.statuses()]}["acme/leaky"][
+        "last_error"
+    ]
     assert "/opt/worker" not in json.dumps(last) and "<path>" in last["message"]
     assert "/opt/worker/site-packages/lib.py" in caplog.text  # the worker's log has it all
 

@@ -471,12 +471,14 @@ profiles:
             assert list(pool.map(one, range(8))) == [200] * 8
         worker = s.running.worker
         assert worker is not None
-        statuses = {m["name"]: m for m in worker.models.statuses()}
+        statuses = {m["name"]: m for m in [st.to_map() for st in worker.models.statuses()]}
         assert statuses[MINILM]["loads"] == 1
         r = client.post("/v1/encode/acme/broken", json={"items": [{"text": "x"}]})
         assert r.status_code == 502 and "retry-after" not in r.headers
         assert r.json()["error"]["code"] == "MODEL_LOAD_FAILED"
-        err = {m["name"]: m for m in worker.models.statuses()}["acme/broken"]["last_error"]
+        err = {m["name"]: m for m in [st.to_map() for st in worker.models.statuses()]}[
+            "acme/broken"
+        ]["last_error"]
         assert err["error_class"] == "NOT_FOUND" and err["permanent"] is True
         assert err["attempts"] >= 1
         # the worker and the other model are unaffected

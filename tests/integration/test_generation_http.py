@@ -165,7 +165,9 @@ def test_disconnect_aborts_in_the_engine(c: httpx.Client, gstack: Stack) -> None
     assert worker is not None
 
     def running() -> int:
-        st = {m["name"]: m for m in worker.models.statuses()}[LLM].get("engine_state") or {}
+        st = {m["name"]: m for m in [st.to_map() for st in worker.models.statuses()]}[LLM].get(
+            "engine_state"
+        ) or {}
         return int(st.get("running", 0)) + int(st.get("waiting", 0))
 
     body = {

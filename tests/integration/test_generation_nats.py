@@ -82,7 +82,9 @@ def test_cancelled_stream_frees_the_remote_worker(two_workers: tuple[Stack, list
     by_id = {w.running.worker.worker_id: w.running.worker for w in workers if w.running.worker}
 
     def busy(worker: Any) -> int:
-        st = {m["name"]: m for m in worker.models.statuses()}[LLM].get("engine_state") or {}
+        st = {m["name"]: m for m in [st.to_map() for st in worker.models.statuses()]}[LLM].get(
+            "engine_state"
+        ) or {}
         return int(st.get("running", 0)) + int(st.get("waiting", 0))
 
     body = {

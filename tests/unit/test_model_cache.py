@@ -93,7 +93,7 @@ def cache(**kw: Any) -> ModelCache:
 
 
 def loaded(c: ModelCache) -> set[str]:
-    return {s["name"] for s in c.statuses() if s["state"] == "loaded"}
+    return {s["name"] for s in [st.to_map() for st in c.statuses()] if s["state"] == "loaded"}
 
 
 async def test_lru_eviction_keeps_the_budget_and_counts() -> None:
@@ -108,7 +108,7 @@ async def test_lru_eviction_keeps_the_budget_and_counts() -> None:
         assert loaded(c) == {"b", "c"} and c.loaded_bytes == 90 * MB
         await c.get(e["a"])  # now c is the LRU: c then b... until a fits
         assert "a" in loaded(c) and c.loaded_bytes <= 100 * MB
-        stats = {s["name"]: s for s in c.statuses()}
+        stats = {s["name"]: s for s in [st.to_map() for st in c.statuses()]}
         assert stats["a"]["loads"] == 2 and stats["a"]["evictions"] == 1
         tg.cancel_scope.cancel()
 
@@ -136,10 +136,16 @@ async def test_idle_eviction_spares_pinned_models() -> None:
         await c.get(e["i"])
         await c.get(e["k"])
         for _ in range(100):  # the unload itself runs on the model's thread
-            if {s["name"]: s["evictions"] for s in c.statuses()} == {"i": 1, "k": 0}:
+            if {s["name"]: s["evictions"] for s in [st.to_map() for st in c.statuses()]} == {
+                "i": 1,
+                "k": 0,
+            }:
                 break
             await anyio.sleep(0.05)
-        assert {s["name"]: s["evictions"] for s in c.statuses()} == {"i": 1, "k": 0}
+        assert {s["name"]: s["evictions"] for s in [st.to_map() for st in c.statuses()]} == {
+            "i": 1,
+            "k": 0,
+        }
         assert loaded(c) == {"k"}
         tg.cancel_scope.cancel()
 
@@ -171,7 +177,7 @@ async def test_failures_permanent_stick_transient_retry_others_unaffected() -> N
         FAIL["temp"] = None
         await c.get(e["temp"])  # transient: the next request tries again
         await c.get(e["fine"])
-        stats = {s["name"]: s for s in c.statuses()}
+        stats = {s["name"]: s for s in [st.to_map() for st in c.statuses()]}
         err = stats["perm"]["last_error"]
         assert err["error_class"] == "OOM" and err["permanent"] is True and err["attempts"] == 1
         assert stats["perm"]["state"] == "failed" and "last_error" not in stats["temp"]

@@ -5,8 +5,9 @@ import msgpack_numpy
 import numpy as np
 import pytest
 
+from sie.core.admission import EngineState
 from sie.core.errors import WireError
-from sie.core.wire import Heartbeat, WorkItem, WorkResult, packb, unpackb
+from sie.core.wire import Heartbeat, ModelStatus, WorkItem, WorkResult, packb, unpackb
 
 
 def test_work_item_round_trip() -> None:
@@ -106,9 +107,42 @@ def test_heartbeat_round_trip() -> None:
         machine_profile="l4",
         bundle="default",
         ready=True,
-        models=[{"name": "m", "state": "loaded"}],
+        models=[
+            ModelStatus(name="m", state="loaded"),
+            ModelStatus(
+                name="llm",
+                state="loaded",
+                loads=2,
+                bytes=5,
+                engine_state=EngineState(running=1, waiting=2, kv_usage=0.5, max_num_seqs=4),
+            ),
+            ModelStatus(name="bad", state="failed", last_error={"code": "X", "message": "no"}),
+        ],
     )
     assert Heartbeat.from_bytes(hb.to_bytes()) == hb
+
+
+@pytest.mark.parametrize(
+    ("models", "needle"),
+    [
+        ("nope", "Heartbeat.models"),
+        (["m"], "expected a map"),
+        ([{"state": "loaded"}], "ModelStatus.name"),
+        ([{"name": "m", "state": "exploded"}], "unknown state"),
+        ([{"name": "m", "loads": -1}], "integers"),
+        ([{"name": "m", "bytes": True}], "integers"),
+        ([{"name": "m", "engine_state": {"running": -1, "waiting": 0}}], "engine_state"),
+        ([{"name": "m", "engine_state": {"running": 1}}], "engine_state"),
+        ([{"name": "m", "engine_state": [1, 2]}], "engine_state"),
+        ([{"name": "m", "last_error": "boom"}], "last_error"),
+    ],
+)
+def test_heartbeat_with_a_malformed_model_entry_is_refused(models: object, needle: str) -> None:
+    base = Heartbeat(
+        worker_id="w", pool="default", machine_profile="l4", bundle="default", ready=True
+    ).to_map()
+    with pytest.raises(WireError, match=needle):
+        Heartbeat.from_bytes(packb({**base, "models": models}))
 
 
 def test_generation_chunk_roundtrip() -> None:

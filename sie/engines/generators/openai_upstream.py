@@ -334,6 +334,15 @@ class OpenAIUpstreamGenerator:
                 live.scope = None
         return _ABORTED  # our scope was cancelled: abort() or unload()
 
+    def check_request(self, req: GenerationRequest) -> None:
+        """Validate ``req``'s fields (the prompt against the window is the upstream's
+        to judge: its 400 becomes ``InvalidInput``).
+
+        Raises:
+            InvalidInput: naming the field.
+        """
+        validate_request(req)
+
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationDelta]:
         """Stream ``req``'s completion from the upstream (see ``GenerationEngine.generate``)."""
         validate_request(req)

@@ -30,7 +30,6 @@ the config's own ``weights_path`` replaced by ``<path>`` (``redact_error``).
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import inspect
 import logging
@@ -44,10 +43,13 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from sie.core.admission import EngineState
 from sie.core.errors import ModelLoadFailed, SieError
 from sie.core.registry import ModelEntry
 from sie.core.trust import ConfigTrust, redact_error
+from sie.core.wire import ModelStatus
 from sie.engines.base import Engine, load_engine_class, memory_bytes
+from sie.engines.generation import is_generator
 from sie.engines.runtime.batching import TokenBudgetBatcher
 from sie.engines.runtime.threads import CallThreads, engine_slots
 from sie.gc_policy import freeze_long_lived
@@ -69,7 +71,7 @@ def device_memory_bytes(device: str) -> int:
 @dataclass(slots=True)
 class LoadedModel:
     entry: ModelEntry
-    engine: Any  # an Engine with one or more task methods (sie.engines.base)
+    engine: Engine  # with one or more task protocols (sie.engines.base, .generation)
     batcher: TokenBudgetBatcher[Any, Any]
     limiter: anyio.CapacityLimiter
     scope: anyio.CancelScope
@@ -187,36 +189,39 @@ class ModelCache:
     def loaded_bytes(self) -> int:
         return sum(s.loaded.bytes for s in self._slots.values() if s.loaded is not None)
 
-    def statuses(self) -> list[dict[str, Any]]:
-        """``[{name, state, loads, evictions, bytes, last_error?}]`` for heartbeats and
-        /v1/models; evicted models stay listed (``available``) with their counts."""
+    def statuses(self) -> list[ModelStatus]:
+        """Every model this cache has seen, by name, for heartbeats and /v1/models;
+        evicted models stay listed (``available``) with their counts."""
         out = []
         for name in sorted(set(self._slots) | set(self._stats)):
             slot = self._slots.get(name)
             stats = self._stats.get(name, _Stats())
-            d: dict[str, Any] = {
-                "name": name,
-                "state": slot.state if slot is not None else "available",
-                "loads": stats.loads,
-                "evictions": stats.evictions,
-                "bytes": slot.loaded.bytes if slot is not None and slot.loaded else 0,
-            }
             engine = slot.loaded.engine if slot is not None and slot.loaded else None
-            state_fn = getattr(engine, "state", None)
-            if callable(state_fn):  # generation engines: the admission gate reads it
+            engine_state: EngineState | None = None
+            if is_generator(engine):  # the admission gate reads its scheduler state
                 try:
-                    d["engine_state"] = dataclasses.asdict(state_fn())
+                    engine_state = engine.state()
                 except Exception:  # a state that cannot be read is simply not reported
                     log.debug("engine state of %s unavailable", name, exc_info=True)
             err = stats.last_error
-            if err is not None:
-                d["last_error"] = {
-                    **err.to_detail(),
-                    "error_class": err.fields.get("error_class", "UNKNOWN"),
-                    "attempts": stats.attempts,
-                    "permanent": err.fields.get("permanent", True),
-                }
-            out.append(d)
+            out.append(
+                ModelStatus(
+                    name=name,
+                    state=slot.state if slot is not None else "available",
+                    loads=stats.loads,
+                    evictions=stats.evictions,
+                    bytes=slot.loaded.bytes if slot is not None and slot.loaded else 0,
+                    engine_state=engine_state if isinstance(engine_state, EngineState) else None,
+                    last_error=None
+                    if err is None
+                    else {
+                        **err.to_detail(),
+                        "error_class": err.fields.get("error_class", "UNKNOWN"),
+                        "attempts": stats.attempts,
+                        "permanent": err.fields.get("permanent", True),
+                    },
+                )
+            )
         return out
 
     def _changed(self) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sie.control.ack_status import WorkerAck
-from sie.core.wire import Heartbeat
+from sie.core.wire import Heartbeat, ModelStatus
 
 __all__ = ["WorkerDirectory", "WorkerView"]
 
@@ -101,8 +101,8 @@ class WorkerDirectory:
         states: list[str] = []
         last_error = None
         for m in self._model_reports(model_id):
-            states.append(m.get("state", "available"))
-            last_error = m.get("last_error") or last_error
+            states.append(m.state)
+            last_error = m.last_error or last_error
         for s in ("loading", "unloading", "loaded", "failed"):
             if s in states:
                 return s, last_error
@@ -112,9 +112,9 @@ class WorkerDirectory:
         """Loads and evictions of ``model_id`` summed over live workers (reference §4.5)."""
         reports = self._model_reports(model_id)
         return {
-            "loads": sum(int(m.get("loads", 0)) for m in reports),
-            "evictions": sum(int(m.get("evictions", 0)) for m in reports),
+            "loads": sum(m.loads for m in reports),
+            "evictions": sum(m.evictions for m in reports),
         }
 
-    def _model_reports(self, model_id: str) -> list[dict[str, Any]]:
-        return [m for hb in self.live() for m in hb.models if m.get("name") == model_id]
+    def _model_reports(self, model_id: str) -> list[ModelStatus]:
+        return [m for hb in self.live() for m in hb.models if m.name == model_id]

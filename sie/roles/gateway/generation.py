@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -34,30 +33,15 @@ from sie.core.errors import (
     SieError,
     error_for_code,
 )
-from sie.core.registry import ModelEntry, ModelRegistry
+from sie.core.registry import ModelRegistry
 from sie.core.subjects import cancel_subject, direct_subject, inbox_subject
 from sie.core.wire import GenerationChunk, Heartbeat, WorkItem
 from sie.roles.gateway.admission import AdmissionGate
+from sie.roles.gateway.directory import WorkerDirectory
 from sie.roles.gateway.lanes import LaneTelemetry
+from sie.roles.gateway.requests import lane_of
 from sie.telemetry import tracer
 from sie.transport.base import Bus
-
-
-class _Gateway(Protocol):
-    """What dispatch needs of the gateway role (kept apart: roles import no role)."""
-
-    registry: ModelRegistry
-    lanes: LaneTelemetry
-    admission: AdmissionGate
-    bus: Bus
-    router_id: str
-
-    def live_workers(self) -> list[Heartbeat]: ...
-
-    def lane_of(
-        self, entry: ModelEntry, pool: str | None, machine_profile: str | None
-    ) -> tuple[str, str]: ...
-
 
 __all__ = ["GenerationDispatch", "GenerationStream", "chunk_error"]
 
@@ -81,8 +65,24 @@ class GenerationStream:
 class GenerationDispatch:
     """Owned by the gateway role; ``deliver`` is fed by its inbox reader."""
 
-    def __init__(self, gateway: _Gateway) -> None:
-        self.gateway = gateway
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        registry: ModelRegistry,
+        directory: WorkerDirectory,
+        lanes: LaneTelemetry,
+        admission: AdmissionGate,
+        router_id: str,
+        default_machine_profile: str,
+    ) -> None:
+        self.bus = bus
+        self.registry = registry
+        self.directory = directory
+        self.lanes = lanes
+        self.admission = admission
+        self.router_id = router_id
+        self.default_machine_profile = default_machine_profile
         self._streams: dict[str, MemoryObjectSendStream[GenerationChunk]] = {}
         #: generations this gateway has open per worker: added to the worker's reported
         #: load, so requests between two heartbeats spread instead of piling onto one
@@ -117,35 +117,31 @@ class GenerationDispatch:
         """Feed the admission gate the engine state of every generation model, summed
         over the live workers that report it."""
         for m in hb.models:
-            if isinstance(m.get("engine_state"), dict):
-                state = self.model_state(str(m.get("name")))
+            if m.engine_state is not None:
+                state = self.model_state(m.name)
                 if state is not None:
-                    self.gateway.admission.update(str(m.get("name")), state)
+                    self.admission.update(m.name, state)
 
     def model_state(self, model: str) -> EngineState | None:
         """The model's engine state over all live workers (sums; KV usage: the max)."""
-        states = [s for _, s in self._reports(model)]
+        states = self._reports(model)
         if not states:
             return None
-        try:
-            return EngineState(
-                running=sum(int(s.get("running", 0)) for s in states),
-                waiting=sum(int(s.get("waiting", 0)) for s in states),
-                kv_usage=max(float(s.get("kv_usage") or 0.0) for s in states),
-                kv_capacity_tokens=sum(int(s.get("kv_capacity_tokens") or 0) for s in states)
-                or None,
-                max_num_seqs=sum(int(s.get("max_num_seqs") or 0) for s in states) or None,
-            )
-        except (TypeError, ValueError):
-            return None
+        return EngineState(
+            running=sum(s.running for s in states),
+            waiting=sum(s.waiting for s in states),
+            kv_usage=max(s.kv_usage or 0.0 for s in states),
+            kv_capacity_tokens=sum(s.kv_capacity_tokens or 0 for s in states) or None,
+            max_num_seqs=sum(s.max_num_seqs or 0 for s in states) or None,
+        )
 
-    def _reports(self, model: str) -> list[tuple[Heartbeat, dict[str, Any]]]:
-        out = []
-        for hb in self.gateway.live_workers():
-            for m in hb.models:
-                if m.get("name") == model and isinstance(m.get("engine_state"), dict):
-                    out.append((hb, m["engine_state"]))
-        return out
+    def _reports(self, model: str) -> list[EngineState]:
+        return [
+            m.engine_state
+            for hb in self.directory.live()
+            for m in hb.models
+            if m.name == model and m.engine_state is not None
+        ]
 
     # -- dispatch -----------------------------------------------------------------------
 
@@ -158,7 +154,7 @@ class GenerationDispatch:
             Provisioning: no live worker serves the lane (503, Retry-After 60).
         """
         candidates: list[tuple[int, int, str]] = []
-        for hb in self.gateway.live_workers():
+        for hb in self.directory.live():
             if not hb.ready or (hb.pool.lower(), hb.machine_profile.lower(), hb.bundle) != (
                 pool,
                 profile,
@@ -167,10 +163,10 @@ class GenerationDispatch:
                 continue
             loaded, load = 1, 0
             for m in hb.models:
-                if m.get("name") == model:
-                    loaded = 0 if m.get("state") == "loaded" else 1
-                    st = m.get("engine_state") or {}
-                    load = int(st.get("running", 0)) + int(st.get("waiting", 0))
+                if m.name == model:
+                    loaded = 0 if m.state == "loaded" else 1
+                    st = m.engine_state
+                    load = st.running + st.waiting if st is not None else 0
             load += self.open_by_worker.get(hb.worker_id, 0)
             candidates.append((loaded, load, hb.worker_id))
         if not candidates:
@@ -193,8 +189,8 @@ class GenerationDispatch:
         pool: str | None = None,
         machine_profile: str | None = None,
         request_id: str,
-        on_keepalive: Any = None,
-        on_park: Any = None,
+        on_keepalive: Callable[[], Awaitable[None]] | None = None,
+        on_park: Callable[[], None] | None = None,
         trace_headers: dict[str, str] | None = None,
     ) -> AsyncIterator[GenerationStream]:
         """See the module docstring.
@@ -237,13 +233,13 @@ class GenerationDispatch:
         pool: str | None,
         machine_profile: str | None,
         request_id: str,
-        on_keepalive: Any,
-        on_park: Any,
+        on_keepalive: Callable[[], Awaitable[None]] | None,
+        on_park: Callable[[], None] | None,
         carrier: dict[str, str],
     ) -> AsyncIterator[GenerationStream]:
-        gw = self.gateway
+        gw = self
         entry, bundle = gw.registry.resolve(model_id)
-        pool_, profile = gw.lane_of(entry, pool, machine_profile)
+        pool_, profile = lane_of(entry, pool, machine_profile, self.default_machine_profile)
         lane = gw.lanes.lane(pool_, profile, bundle)
         try:
             worker_id = self.choose_worker(entry.model_id, pool_, profile, bundle)

@@ -50,7 +50,7 @@ from sie.roles.gateway.requests import check_request, lane_of
 from sie.roles.gateway.work import encode_work
 from sie.settings import ServeSettings
 from sie.telemetry import METRICS, Metrics
-from sie.transport.base import Bus
+from sie.transport.base import Bus, Subscription
 
 __all__ = ["GatewayRole"]
 
@@ -92,7 +92,15 @@ class GatewayRole:
         self.epoch = self.sync.epoch
         # generation: engine-state admission (admission-gate.md) and worker-direct dispatch
         self.admission = AdmissionGate(admission_config(settings), metrics)
-        self.generation = GenerationDispatch(self)
+        self.generation = GenerationDispatch(
+            bus=bus,
+            registry=registry,
+            directory=self.directory,
+            lanes=self.lanes,
+            admission=self.admission,
+            router_id=self.router_id,
+            default_machine_profile=settings.machine_profile,
+        )
         self.dead_letters = DeadLetters(
             bus, storage=settings.stream_storage, replicas=settings.stream_replicas
         )
@@ -130,7 +138,7 @@ class GatewayRole:
         """Live workers per bundle."""
         return self.directory.connected()
 
-    async def _read_inbox(self, sub: Any) -> None:
+    async def _read_inbox(self, sub: Subscription) -> None:
         async for msg in sub:
             # The inbox subject names the request (_INBOX.{router_id}.{request_id}): late
             # results of finished or abandoned requests are dropped before decoding.
@@ -157,7 +165,7 @@ class GatewayRole:
                 if col.remaining == 0:
                     col.done.set()
 
-    async def _read_health(self, sub: Any) -> None:
+    async def _read_health(self, sub: Subscription) -> None:
         async for msg in sub:
             try:
                 hb = Heartbeat.from_bytes(msg.data)

@@ -26,7 +26,13 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from sie.core.errors import InvalidInput, SieError
 from sie.core.validation import Text, validate
 from sie.core.wire import GenerationChunk, WorkItem
-from sie.engines.generation import GenerationRequest, SamplingParams, validate_request
+from sie.engines.base import Engine
+from sie.engines.generation import (
+    GenerationRequest,
+    SamplingParams,
+    is_generator,
+    validate_request,
+)
 
 __all__ = ["parse_generation", "run_generation"]
 
@@ -145,7 +151,7 @@ def parse_generation(route: str, body: bytes, request_id: str) -> GenerationRequ
 
 
 async def run_generation(
-    engine: Any,
+    engine: Engine,
     item: WorkItem,
     publish: Callable[[GenerationChunk], Awaitable[None]],
     worker_id: str,
@@ -174,12 +180,11 @@ async def run_generation(
     try:
         if not isinstance(body, bytes) or not isinstance(route, str):
             raise InvalidInput("generation work item without a body", field="body")
-        if not callable(getattr(engine, "generate", None)):
+        if not is_generator(engine):
             raise InvalidInput(f"model {item.model_id!r} does not generate text", field="model")
         req = parse_generation(route, body, rid)
-        check = getattr(engine, "check_request", None)
-        if callable(check):  # e.g. a prompt over the window: a 400, not a broken stream
-            await anyio.to_thread.run_sync(check, req)
+        # e.g. a prompt over the window: a 400 before acceptance, not a broken stream
+        await anyio.to_thread.run_sync(engine.check_request, req)
     except SieError as exc:
         await publish(fail(0, exc))
         return

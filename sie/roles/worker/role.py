@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -55,6 +54,7 @@ from sie.transport.base import (
     ConsumerConfig,
     JsMsg,
     PullConsumer,
+    Subscription,
     work_stream_config,
 )
 
@@ -232,12 +232,12 @@ class WorkerRole:
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    async def _read_cancels(self, sub: Any) -> None:
+    async def _read_cancels(self, sub: Subscription) -> None:
         """``work_cancel.{router_id}.{request_id}``: tombstone the request, stop its items."""
         async for msg in sub:
             self.cancels.cancel(msg.subject.rsplit(".", 1)[-1])
 
-    async def _read_direct(self, sub: Any, tg: anyio.abc.TaskGroup) -> None:
+    async def _read_direct(self, sub: Subscription, tg: anyio.abc.TaskGroup) -> None:
         """Worker-direct work (generation, architecture §8.2): one task per request."""
         async for msg in sub:
             try:
@@ -288,7 +288,7 @@ class WorkerRole:
         finally:
             self.cancels.close(item.request_id, scope)
 
-    async def _pull_loop(self, consumer: Any, tg: anyio.abc.TaskGroup) -> None:
+    async def _pull_loop(self, consumer: PullConsumer, tg: anyio.abc.TaskGroup) -> None:
         while True:
             await self._inflight.acquire()
             self._inflight.release()
@@ -487,7 +487,7 @@ class WorkerRole:
                 failing = True
             self._status_changed = anyio.Event()
             interval = self.settings.heartbeat_interval_s
-            if any("engine_state" in m for m in hb.models):
+            if any(m.engine_state is not None for m in hb.models):
                 interval = min(interval, self.settings.admission_poll_interval_s)
             with anyio.move_on_after(interval):
                 await self._status_changed.wait()

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -34,7 +34,9 @@ import numpy as np
 from sie.core.errors import InvalidInput
 from sie.core.registry import ModelEntry
 from sie.core.wire import WorkItem
+from sie.engines.base import Engine, is_encoder, is_extractor, is_scorer
 from sie.engines.encoders.quantize import check_output_dtype, quantize, quantize_sparse
+from sie.engines.runtime.cache import LoadedModel
 
 __all__ = ["TaskOutcome", "engine_batch_fn", "freeze", "run_task"]
 
@@ -77,12 +79,17 @@ def freeze(options: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(((str(k), f(v)) for k, v in options.items()), key=repr))
 
 
-def engine_batch_fn(engine: Any) -> Any:
-    """The batcher's ``run_batch`` for one engine: one engine call per config group."""
+def engine_batch_fn(engine: Engine) -> Callable[[Hashable, Sequence[Any]], list[Any]]:
+    """The batcher's ``run_batch`` for one engine: one engine call per config group.
+
+    ``key`` is the batch group (``("encode", output_types, options)``, ``("score",
+    instruction, options)``, ``("extract", labels, options)``); ``payloads`` what
+    ``_encode`` / ``_score`` / ``_extract`` submitted for it.
+    """
 
     def run(key: Hashable, payloads: Sequence[Any]) -> list[Any]:
         kind = cast(tuple[Any, ...], key)[0]
-        if kind == "encode":
+        if kind == "encode" and is_encoder(engine):
             output_types = cast(tuple[Any, ...], key)[1]
             out = engine.encode(
                 [p[0] for p in payloads],
@@ -91,7 +98,7 @@ def engine_batch_fn(engine: Any) -> Any:
                 lengths=[p[2] for p in payloads],
             )
             return [{k: v[i] for k, v in out.items()} for i in range(len(payloads))]
-        if kind == "score":
+        if kind == "score" and is_scorer(engine):
             instruction = cast(tuple[Any, ...], key)[1]
             pairs = [pair for p in payloads for pair in p[0]]
             scores = engine.score(pairs, instruction=instruction, options=payloads[0][1])
@@ -101,7 +108,7 @@ def engine_batch_fn(engine: Any) -> Any:
                 out_scores.append([float(x) for x in scores[at : at + len(p[0])]])
                 at += len(p[0])
             return out_scores
-        if kind == "extract":
+        if kind == "extract" and is_extractor(engine):
             return list(
                 engine.extract(
                     [p[0] for p in payloads], labels=payloads[0][1], options=payloads[0][2]
@@ -128,11 +135,7 @@ def _text(item: Mapping[str, Any] | None, where: str) -> str:
     return text
 
 
-def _has(engine: Any, method: str) -> bool:
-    return callable(getattr(engine, method, None))
-
-
-async def run_task(item: WorkItem, entry: ModelEntry, loaded: Any) -> TaskOutcome:
+async def run_task(item: WorkItem, entry: ModelEntry, loaded: LoadedModel) -> TaskOutcome:
     """Run ``item`` on ``loaded`` (a ``LoadedModel``: engine + batcher).
 
     Raises:
@@ -150,9 +153,9 @@ async def run_task(item: WorkItem, entry: ModelEntry, loaded: Any) -> TaskOutcom
     )
 
 
-async def _encode(item: WorkItem, entry: ModelEntry, loaded: Any) -> TaskOutcome:
+async def _encode(item: WorkItem, entry: ModelEntry, loaded: LoadedModel) -> TaskOutcome:
     engine = loaded.engine
-    if entry.config.tasks.encode is None or not _has(engine, "encode"):
+    if entry.config.tasks.encode is None or not is_encoder(engine):
         raise InvalidInput(f"model {item.model_id!r} does not support encode", field="model")
     text = _text(item.item, f"items[{item.item_index}]")
     options = _options(item, entry)
@@ -217,9 +220,9 @@ async def _encode(item: WorkItem, entry: ModelEntry, loaded: Any) -> TaskOutcome
     return TaskOutcome(blob, stats.inference_s * 1000.0, tokenization_ms, tokens)
 
 
-async def _score(item: WorkItem, entry: ModelEntry, loaded: Any) -> TaskOutcome:
+async def _score(item: WorkItem, entry: ModelEntry, loaded: LoadedModel) -> TaskOutcome:
     engine = loaded.engine
-    if entry.config.tasks.score is None or not _has(engine, "score"):
+    if entry.config.tasks.score is None or not is_scorer(engine):
         raise InvalidInput(f"model {item.model_id!r} does not support scoring", field="model")
     query = _text(item.query_item, "query")
     candidates = item.score_items
@@ -268,9 +271,9 @@ def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return leaf
 
 
-async def _extract(item: WorkItem, entry: ModelEntry, loaded: Any) -> TaskOutcome:
+async def _extract(item: WorkItem, entry: ModelEntry, loaded: LoadedModel) -> TaskOutcome:
     engine = loaded.engine
-    if entry.config.tasks.extract is None or not _has(engine, "extract"):
+    if entry.config.tasks.extract is None or not is_extractor(engine):
         raise InvalidInput(f"model {item.model_id!r} does not support extraction", field="model")
     text = _text(item.item, f"items[{item.item_index}]")
     labels = item.labels
