@@ -1,5 +1,8 @@
-"""The generation contract (``CONTRACT`` of tests/unit/test_generation_engine.py) against
-the engines that cannot run a real model here, plus their own mapping tests:
+"""The generation contract (``CONTRACT`` of tests/contract/generation_contract.py) over
+every generation engine, plus the mapping tests of those that cannot run a real model here:
+
+- ``TransformersGenerator`` on the real SmolLM2-135M-Instruct: the whole contract (its
+  own tests are in tests/unit/test_generation_engine.py).
 
 - ``VllmGenerator`` with ``FakeAsyncLLM`` injected (tests/fakes/fake_vllm.py): the
   whole contract; SamplingParams / engine-argument mapping, finish reasons, usage, the
@@ -44,6 +47,16 @@ from sie.engines.generation import EngineState, GenerationEngine, GenerationRequ
 from sie.engines.generators.openai_upstream import OpenAIUpstreamGenerator
 from sie.engines.generators.vllm_engine import VllmGenerator
 from tests.conftest import MODEL_CACHE
+from tests.contract.generation_contract import (
+    CONTRACT,
+    Harness,
+    check_waiting_then_all_complete,
+    collect,
+    request,
+    smollm_engine,
+    smollm_harness,
+    wait_until,
+)
 from tests.fakes.fake_vllm import (
     COUNTING,
     FRANCE,
@@ -55,14 +68,6 @@ from tests.fakes.fake_vllm import (
     Fault,
     SamplingParams,
     serve,
-)
-from tests.unit.test_generation_engine import (
-    CONTRACT,
-    Harness,
-    check_waiting_then_all_complete,
-    collect,
-    request,
-    wait_until,
 )
 
 pytestmark = pytest.mark.anyio
@@ -815,3 +820,20 @@ async def test_real_vllm_contract(
         ),
     )
     await check(harness)
+
+
+# ---------------------------------------------------------------- transformers, real model
+
+
+@pytest.fixture(scope="module")
+def transformers_harness() -> Iterator[Harness]:
+    with smollm_engine() as engine:
+        yield smollm_harness(engine)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("check", CONTRACT, ids=lambda f: f.__name__.removeprefix("check_"))
+async def test_transformers_contract(
+    transformers_harness: Harness, check: Callable[[Harness], Any]
+) -> None:
+    await check(transformers_harness)
