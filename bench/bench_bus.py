@@ -33,12 +33,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _load import run_load  # noqa: E402
 
-from sie.container import Container  # noqa: E402
+from sie.container import Container, build_gateway_role  # noqa: E402
 from sie.control.seed import load_bundles, load_models  # noqa: E402
 from sie.core.registry import ModelRegistry  # noqa: E402
 from sie.core.subjects import health_subject, lane_filter, stream_name  # noqa: E402
 from sie.core.wire import Heartbeat, WorkItem, WorkResult, packb  # noqa: E402
-from sie.roles.gateway import GatewayRole  # noqa: E402
 from sie.settings import ServeSettings  # noqa: E402
 from sie.telemetry import Metrics  # noqa: E402
 from sie.transport.base import Bus, ConsumerConfig, work_stream_config  # noqa: E402
@@ -94,7 +93,7 @@ async def measure(bus: Bus, requests: int, concurrency: int) -> list[float]:
     registry.install_bundles(load_bundles(str(ROOT / "bundles")))
     for cfg in load_models(str(ROOT / "configs")):
         registry.add_model_config(cfg)
-    gateway = GatewayRole(bus, registry, settings)
+    gateway = build_gateway_role(bus, registry, settings)
     lat: list[float] = []
     async with anyio.create_task_group() as tg:
         await tg.start(gateway.run)

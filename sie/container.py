@@ -17,9 +17,12 @@ import anyio
 import anyio.abc
 from starlette.applications import Starlette
 
+from sie.control.authority import Publisher
 from sie.control.seed import load_bundles, load_models
+from sie.control.store import ConfigStore
 from sie.core.errors import ConfigError, SieError
 from sie.core.registry import ModelRegistry
+from sie.core.trust import ConfigTrust
 from sie.gc_policy import freeze_long_lived
 from sie.http.auth import AuthPolicy, audit_auth
 from sie.http.config import build_config_app
@@ -27,15 +30,34 @@ from sie.http.gateway import build_gateway_app
 from sie.http.limits import BodyBudget
 from sie.http.server import serve_app
 from sie.roles.config import ConfigRole
+from sie.roles.config_sync import build_config_sync
 from sie.roles.gateway import GatewayRole
+from sie.roles.gateway.admission import AdmissionGate, admission_config
+from sie.roles.gateway.directory import WorkerDirectory
 from sie.roles.trust import config_trust
 from sie.roles.worker import WorkerRole
+from sie.roles.worker.models import build_model_cache
 from sie.settings import ServeSettings, is_loopback
+from sie.settings_views import (
+    AdmissionSettings,
+    BusSettings,
+    ConfigRoleSettings,
+    GatewaySettings,
+    LimitsSettings,
+    WorkerSettings,
+)
 from sie.telemetry import METRICS, Metrics
 from sie.transport.base import Bus
 from sie.transport.memory import MemoryBus
 
-__all__ = ["Container", "Running", "build_registry"]
+__all__ = [
+    "Container",
+    "Running",
+    "build_gateway_role",
+    "build_registry",
+    "build_worker_role",
+    "open_config_role",
+]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +129,90 @@ def _local_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def build_gateway_role(
+    bus: Bus,
+    registry: ModelRegistry,
+    settings: ServeSettings,
+    *,
+    config_service_url: str | None = None,
+    metrics: Metrics = METRICS,
+) -> GatewayRole:
+    """A gateway role with its collaborators built from ``settings``' views: config
+    sync, the admission gate and the worker directory (docs/architecture.md §1). No I/O."""
+    gateway = settings.view(GatewaySettings)
+    return GatewayRole(
+        bus,
+        registry,
+        gateway,
+        streams=settings.view(BusSettings),
+        limits=settings.view(LimitsSettings),
+        sync=build_config_sync(
+            registry,
+            settings.sync_view(),
+            config_service_url=config_service_url,
+            metrics=metrics,
+            role="gateway",
+        ),
+        admission=AdmissionGate(admission_config(settings.view(AdmissionSettings)), metrics),
+        directory=WorkerDirectory(gateway.heartbeat_interval_s),
+        metrics=metrics,
+    )
+
+
+def build_worker_role(
+    bus: Bus,
+    registry: ModelRegistry,
+    settings: ServeSettings,
+    metrics: Metrics = METRICS,
+    *,
+    config_service_url: str | None = None,
+    trust: ConfigTrust | None = None,
+) -> WorkerRole:
+    """A worker role with its collaborators built from ``settings``' views: config
+    sync and the model cache; ``trust`` defaults to the policy ``settings`` describe
+    (``sie.roles.trust.config_trust``). No I/O."""
+    worker = settings.view(WorkerSettings)
+    policy = trust if trust is not None else config_trust(settings)
+    return WorkerRole(
+        bus,
+        registry,
+        worker,
+        metrics,
+        streams=settings.view(BusSettings),
+        sync=build_config_sync(
+            registry,
+            settings.sync_view(),
+            config_service_url=config_service_url,
+            metrics=metrics,
+            role="worker",
+        ),
+        models=build_model_cache(registry, worker, metrics, policy),
+        trust=policy,
+    )
+
+
+def open_config_role(
+    settings: ServeSettings,
+    publisher: Publisher | None,
+    metrics: Metrics = METRICS,
+    trust: ConfigTrust | None = None,
+) -> ConfigRole:
+    """The config role over the store ``SIE_CONFIG_STORE_DIR`` names (if any), with
+    the seed loaded and the store replayed as ``ConfigRole.open`` says.
+
+    Raises:
+        SieError: the store cannot be read.
+    """
+    store = ConfigStore(settings.config_store_dir) if settings.config_store_dir else None
+    return ConfigRole.open(
+        settings.view(ConfigRoleSettings),
+        publisher,
+        metrics,
+        store=store,
+        trust=trust if trust is not None else config_trust(settings),
+    )
+
+
 class Container:
     """Builds and runs ``settings.roles`` in one process.
 
@@ -171,7 +277,7 @@ class Container:
             async with anyio.create_task_group() as http:
                 # config first: co-located gateway/worker sync from its real port
                 if "config" in s.roles:
-                    running.config = ConfigRole.open(s, self.bus, self.metrics, trust=self.trust)
+                    running.config = open_config_role(s, self.bus, self.metrics, self.trust)
                     await roles.start(running.config.run)
                     capp = build_config_app(
                         running.config, self.metrics, policy, budget, s.http_body_timeout_s
@@ -192,7 +298,7 @@ class Container:
                 )
                 # the gateway subscribes before the worker, so it hears the first heartbeat
                 if "gateway" in s.roles:
-                    running.gateway = GatewayRole(
+                    running.gateway = build_gateway_role(
                         self.bus,
                         self._seed_registry(),
                         s,
@@ -201,7 +307,7 @@ class Container:
                     )
                     await roles.start(running.gateway.run)
                 if "worker" in s.roles:
-                    running.worker = WorkerRole(
+                    running.worker = build_worker_role(
                         self.bus,
                         self._seed_registry(),
                         s,

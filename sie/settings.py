@@ -12,11 +12,15 @@ import os
 import re
 import socket
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from sie.settings_views import SettingsView, SyncSettings
+
 __all__ = ["AUTH_MODES", "ENV_VARS", "ROLES", "ServeSettings", "is_loopback"]
+
+V = TypeVar("V", bound=SettingsView)
 
 ROLES = ("gateway", "config", "worker")
 AUTH_MODES = ("none", "token", "static")
@@ -228,6 +232,21 @@ class ServeSettings(BaseModel):
 
     def admin(self) -> str | None:
         return self.admin_token.get_secret_value() if self.admin_token is not None else None
+
+    def view(self, cls: type[V]) -> V:
+        """The per-concern view ``cls`` (``sie.settings_views``) of these settings: its
+        fields copied from here (a view field this model lacks is a bug: KeyError)."""
+        return cls.model_validate(
+            {name: getattr(self, name) for name in cls.model_fields if name != "read_token"}
+        )
+
+    def sync_view(self) -> SyncSettings:
+        """The config-convergence view, with the token the export poller presents
+        (export is admin-only; without an admin token the inference token still reads)."""
+        token = self.admin() or next(iter(self.inference_tokens()), None)
+        return self.view(SyncSettings).model_copy(
+            update={"read_token": SecretStr(token) if token else None}
+        )
 
     @field_validator("preload", mode="before")
     @classmethod

@@ -116,6 +116,7 @@ class ConfigSync:
         self.request_timeout_s = request_timeout_s
         self.transport = transport
         self.on_change = on_change
+        self._listeners: list[Callable[[], None]] = []
         self.metrics = metrics
         self.role = role
         self.bundles_hash = ""
@@ -157,6 +158,16 @@ class ConfigSync:
                 self.poll_interval_s
             )  # the first tick is skipped (architecture §4 step 3)
             await self.poll_once()
+
+    def add_listener(self, fn: Callable[[], None]) -> None:
+        """Also call ``fn`` whenever the registry changed (after ``on_change``)."""
+        self._listeners.append(fn)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+        for fn in self._listeners:
+            fn()
 
     # -- bootstrap -----------------------------------------------------------------------
 
@@ -236,8 +247,7 @@ class ConfigSync:
         self.epoch.set_max(export_epoch)
         self.bundles_hash, self.bundle_config_hashes_hash = b_hash, bc_hash
         self._record_success()
-        if self.on_change is not None:
-            self.on_change()
+        self._changed()
         return BootstrapOutcome(export_epoch, b_hash, bc_hash, len(configs), failed, total)
 
     def _parse_export(
@@ -389,8 +399,8 @@ class ConfigSync:
         snap = self.registry.snapshot
         self.bundles_hash = snap.bundles_hash()
         self.bundle_config_hashes_hash = snap.bundle_config_hashes_hash()
-        if result.created and self.on_change is not None:
-            self.on_change()
+        if result.created:
+            self._changed()
         return "applied"
 
     # -- metrics -------------------------------------------------------------------------

@@ -245,7 +245,7 @@ def build_gateway_app(
     Config routes are read-only (architecture §5, §12): ``POST /v1/configs/models``
     is 405; ``/v1/configs/export`` and ``/v1/configs/epoch`` are not served (404).
     """
-    limits_budget = budget or BodyBudget(gateway.settings.max_inflight_body_bytes)
+    limits_budget = budget or BodyBudget(gateway.limits.max_inflight_body_bytes)
     app = Starlette(
         routes=[
             Route("/v1/configs/models", config_models, methods=["GET"]),
@@ -272,9 +272,9 @@ def build_gateway_app(
             Middleware(
                 RequestLimits,
                 budget=limits_budget,
-                body_timeout_s=gateway.settings.http_body_timeout_s,
+                body_timeout_s=gateway.limits.http_body_timeout_s,
                 respond=_refuse,
-                large_body_reads=gateway.settings.max_large_body_reads,
+                large_body_reads=gateway.limits.max_large_body_reads,
             ),
             Middleware(CatchAll),
             Middleware(

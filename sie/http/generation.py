@@ -333,7 +333,7 @@ async def _handle(request: Request, route: str, path_model: str | None = None) -
     gateway: GatewayRole = request.app.state.gateway
     try:
         check_charset(request.headers.get("content-type"))  # 415 before reading
-        body = await read_body(request, gateway.settings.max_generate_body_bytes)  # 413 first
+        body = await read_body(request, gateway.limits.max_generate_body_bytes)  # 413 first
         model, stream, include_usage = await decode_off_loop(scan_routing_fields, body)
         if path_model is not None:
             model = path_model

@@ -35,7 +35,7 @@ from sie.http.schemas import (
     ExtractRequest,
     ScoreRequest,
 )
-from sie.roles.gateway import Collected, GatewayRole
+from sie.roles.gateway import Collected, GatewayRole, Routing
 from sie.telemetry import Metrics
 
 __all__ = ["encode", "extract", "score"]
@@ -92,9 +92,9 @@ async def _handle(
     status = "error"
     try:
         routing = _routing(request)
-        await gateway.refuse_if_full(model, routing["pool"], routing["machine_profile"])
+        await gateway.refuse_if_full(model, routing.pool, routing.machine_profile)
         req = await read_payload(
-            request, gateway.settings.max_body_bytes, lambda p: validate(schema, p)
+            request, gateway.limits.max_body_bytes, lambda p: validate(schema, p)
         )
         response = await run(gateway, model, req)
         status = "200"
@@ -108,12 +108,12 @@ async def _handle(
         metrics.request_duration.labels(endpoint).observe(time.monotonic() - started)
 
 
-def _routing(request: Request) -> dict[str, Any]:
-    return {
-        "pool": request.headers.get("x-sie-pool"),
-        "machine_profile": request.headers.get("x-sie-machine-profile"),
-        "request_id": request.state.request_id,
-    }
+def _routing(request: Request) -> Routing:
+    return Routing(
+        pool=request.headers.get("x-sie-pool"),
+        machine_profile=request.headers.get("x-sie-machine-profile"),
+        request_id=request.state.request_id,
+    )
 
 
 async def encode(request: Request) -> Response:
@@ -166,7 +166,7 @@ async def encode(request: Request) -> Response:
             instruction=instruction,
             is_query=is_query,
             options=options or None,
-            **_routing(request),
+            routing=_routing(request),
         )
         items_out: list[dict[str, Any]] = []
         for item, result in zip(req.items, collected.results, strict=True):
@@ -202,7 +202,7 @@ async def score(request: Request) -> Response:
                 [{"text": it.text} for it in req.items],
                 instruction=req.instruction,
                 options=options or None,
-                **_routing(request),
+                routing=_routing(request),
             )
         except InvalidInput as exc:  # score options sit at the top level (no params wrapper)
             field = exc.fields.get("field")
@@ -256,7 +256,7 @@ async def extract(request: Request) -> Response:
             output_schema=params.output_schema,
             instruction=params.instruction,
             options=options or None,
-            **_routing(request),
+            routing=_routing(request),
         )
         items_out = []
         for i, (item, result) in enumerate(zip(req.items, collected.results, strict=True)):

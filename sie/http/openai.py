@@ -22,7 +22,7 @@ from starlette.responses import Response
 from sie.core.errors import InvalidInput, ModelNotFound, SieError
 from sie.http.negotiation import FastJSONResponse, read_payload, validate
 from sie.http.schemas import EmbeddingsRequest
-from sie.roles.gateway import GatewayRole
+from sie.roles.gateway import GatewayRole, Routing
 from sie.telemetry import Metrics
 
 __all__ = ["embeddings"]
@@ -108,7 +108,7 @@ async def _embeddings(request: Request, gateway: GatewayRole) -> Response:
         req: EmbeddingsRequest = validate(EmbeddingsRequest, payload)
         return req
 
-    req = await read_payload(request, gateway.settings.max_body_bytes, check)
+    req = await read_payload(request, gateway.limits.max_body_bytes, check)
     request.state.model = req.model
     texts = [req.input] if isinstance(req.input, str) else list(req.input)
     for i, t in enumerate(texts):
@@ -131,7 +131,7 @@ async def _embeddings(request: Request, gateway: GatewayRole) -> Response:
         [{"text": t} for t in texts],
         output_types=["dense"],
         is_query=False,
-        request_id=request.state.request_id,
+        routing=Routing(request_id=request.state.request_id),
     )
     data = []
     for i, result in enumerate(collected.results):

@@ -8,15 +8,13 @@ applies deltas until cancelled.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import anyio
 import anyio.abc
 
 from sie.control.sync import ConfigSync
 from sie.core.epoch import ConfigEpoch
 from sie.core.registry import ModelRegistry
-from sie.settings import ServeSettings
+from sie.settings_views import SyncSettings
 from sie.telemetry import Metrics
 from sie.transport.base import Bus
 
@@ -25,23 +23,24 @@ __all__ = ["build_config_sync", "run_config_sync"]
 
 def build_config_sync(
     registry: ModelRegistry,
-    settings: ServeSettings,
+    settings: SyncSettings,
     *,
     config_service_url: str | None,
     metrics: Metrics,
     role: str,
-    on_change: Callable[[], None] | None = None,
 ) -> ConfigSync:
+    """A ``ConfigSync`` for ``role`` (``gateway`` / ``worker``) over ``registry``: the
+    export poller reads ``config_service_url`` (a co-located config role's real
+    address) or ``SIE_CONFIG_SERVICE_URL``, presenting ``settings.read_token``. No I/O."""
+    token = settings.read_token
     return ConfigSync(
         registry,
         ConfigEpoch(),
         base_url=config_service_url or settings.config_service_url,
-        # export is admin-only; without an admin token the inference token still reads
-        admin_token=settings.admin() or next(iter(settings.inference_tokens()), None),
+        admin_token=token.get_secret_value() if token is not None else None,
         poll_interval_s=settings.config_poll_interval_s,
         trusted_producers=settings.config_trusted_producers,
         trust_any_producer=settings.config_trust_any_producer,
-        on_change=on_change,
         metrics=metrics,
         role=role,
     )

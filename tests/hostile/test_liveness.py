@@ -12,6 +12,7 @@ from bench.bench_hostile import run
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
+@pytest.mark.timeout(240)  # a 256 MB hostile burst on 2 cores: ~30 s here
 def test_a_live_worker_is_never_absent_and_probes_keep_answering() -> None:
     got = run(clients=64, items=4096, timeout_s=15.0)
     answers: dict[str, int] = got["answers"]  # type: ignore[assignment]

@@ -17,11 +17,11 @@ import httpx
 import numpy as np
 import pytest
 
+from sie.container import build_worker_role
 from sie.core.config import parse_model_config
 from sie.core.errors import SieError
 from sie.core.hashing import bundle_document
 from sie.core.registry import ModelRegistry
-from sie.roles.worker import WorkerRole
 from sie.settings import ServeSettings
 from sie.transport.memory import MemoryBus
 from tests.conftest import MINILM, Stack, post_until_ok, run_stack, wait_for
@@ -209,7 +209,7 @@ def _seedless_worker(cfg_url: str | None, bundle: str) -> Any:
     settings = ServeSettings(
         roles=("worker",), bundle=bundle, worker_id=f"seedless-{time.monotonic_ns()}"
     )
-    return MemoryBus(), lambda bus: WorkerRole(
+    return MemoryBus(), lambda bus: build_worker_role(
         bus, ModelRegistry(), settings, config_service_url=cfg_url
     )
 

@@ -157,6 +157,7 @@ class ModelCache:
         self._call_threads = CallThreads()
         self._on_batch = on_batch
         self._on_change = on_change
+        self._listeners: list[Callable[[], Any]] = []
         self._on_evict = on_evict
         self.memory_budget_bytes = memory_budget_bytes
         self.idle_evict_s = idle_evict_s
@@ -224,9 +225,15 @@ class ModelCache:
             )
         return out
 
+    def add_listener(self, fn: Callable[[], Any]) -> None:
+        """Also call ``fn`` whenever a model's state changed (after ``on_change``)."""
+        self._listeners.append(fn)
+
     def _changed(self) -> None:
         if self._on_change is not None:
             self._on_change()
+        for fn in self._listeners:
+            fn()
 
     # -- use ----------------------------------------------------------------------------
 

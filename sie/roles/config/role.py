@@ -24,8 +24,7 @@ from sie.core.epoch import ConfigEpoch
 from sie.core.errors import ContentConflict, SieError
 from sie.core.registry import SOURCE_API, SOURCE_FILESYSTEM, ModelRegistry
 from sie.core.trust import ConfigTrust
-from sie.roles.trust import config_trust
-from sie.settings import ServeSettings
+from sie.settings_views import ConfigRoleSettings
 from sie.telemetry import METRICS, Metrics
 
 __all__ = ["ConfigRole", "load_authority_registry"]
@@ -33,7 +32,9 @@ __all__ = ["ConfigRole", "load_authority_registry"]
 log = logging.getLogger(__name__)
 
 
-def load_authority_registry(settings: ServeSettings) -> tuple[ModelRegistry | None, str | None]:
+def load_authority_registry(
+    settings: ConfigRoleSettings,
+) -> tuple[ModelRegistry | None, str | None]:
     """``(registry, None)``, or ``(None, reason)`` when the seed cannot be loaded."""
     registry = ModelRegistry()
     try:
@@ -84,7 +85,7 @@ class ConfigRole:
     """
 
     def __init__(
-        self, settings: ServeSettings, authority: ConfigAuthority, metrics: Metrics = METRICS
+        self, settings: ConfigRoleSettings, authority: ConfigAuthority, metrics: Metrics = METRICS
     ) -> None:
         self.settings = settings
         self.authority = authority
@@ -94,26 +95,26 @@ class ConfigRole:
     @classmethod
     def open(
         cls,
-        settings: ServeSettings,
+        settings: ConfigRoleSettings,
         publisher: Publisher | None,
         metrics: Metrics = METRICS,
         *,
-        trust: ConfigTrust | None = None,
+        store: ConfigStore | None,
+        trust: ConfigTrust,
     ) -> ConfigRole:
-        """Load the seed (``SIE_MODELS_DIR``, ``SIE_BUNDLES_DIR``), open the store
-        (``SIE_CONFIG_STORE_DIR``), replay it when ``SIE_CONFIG_RESTORE`` is on, and
-        build the role. A seed that does not load leaves the authority without a
+        """Load the seed (``SIE_MODELS_DIR``, ``SIE_BUNDLES_DIR``), read the store's
+        epoch, replay the store when ``SIE_CONFIG_RESTORE`` is on, and build the role. A seed that does not load leaves the authority without a
         registry (its routes answer 503 ``registry_unavailable``).
 
+        ``store``: the config store (``SIE_CONFIG_STORE_DIR``; None: in memory only);
         ``trust``: what writes may ask of workers, checked before anything is persisted
-        (default: built from ``settings``, ``sie.roles.trust``; docs/security.md "Trust
-        model"). Seed and restored configs are not checked here: workers check every load.
+        (``sie.roles.trust.config_trust``; docs/security.md "Trust model"). Seed and
+        restored configs are not checked here: workers check every load.
 
         Raises:
             SieError: the store cannot be read.
         """
         registry, error = load_authority_registry(settings)
-        store = ConfigStore(settings.config_store_dir) if settings.config_store_dir else None
         epoch = ConfigEpoch(store.read_epoch() if store is not None else 0)
         if store is not None and settings.config_restore and registry is not None:
             n = restore(registry, store)
@@ -135,7 +136,7 @@ class ConfigRole:
             epoch=epoch,
             registry_error=error,
             on_publish=lambda result: metrics.config_publishes.labels(result).inc(),
-            trust=trust if trust is not None else config_trust(settings),
+            trust=trust,
             max_models=settings.config_max_models,
         )
         return cls(settings, authority, metrics)

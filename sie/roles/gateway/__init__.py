@@ -1,7 +1,7 @@
 """The gateway role: routing, admission, dispatch and result collection.
 
 - ``role``: ``GatewayRole``, the request paths (encode, score, extract) and fan-out;
-- ``requests``: checks made before anything is published, and a request's lane;
+- ``requests``: checks made before anything is published, a request's lane and routing;
 - ``work``: a request's work items as msgpack; ``publish``: publishing them;
 - ``pending``: items per pool's work stream (the pending limit);
 - ``collect``: a request's results as they arrive;
@@ -13,6 +13,7 @@
 """
 
 from sie.roles.gateway.collect import Collected
+from sie.roles.gateway.requests import Routing
 from sie.roles.gateway.role import GatewayRole
 
-__all__ = ["Collected", "GatewayRole"]
+__all__ = ["Collected", "GatewayRole", "Routing"]

@@ -51,7 +51,7 @@ from sie.core.admission import (
 )
 from sie.core.errors import AdmissionRejected
 from sie.engines.runtime.observer import EngineObserver
-from sie.settings import ServeSettings
+from sie.settings_views import AdmissionSettings
 from sie.telemetry import Metrics
 
 __all__ = ["AdmissionGate", "admission_config"]
@@ -59,7 +59,7 @@ __all__ = ["AdmissionGate", "admission_config"]
 log = logging.getLogger(__name__)
 
 
-def admission_config(settings: ServeSettings) -> AdmissionConfig:
+def admission_config(settings: AdmissionSettings) -> AdmissionConfig:
     """The ``AdmissionConfig`` of ``SIE_ADMISSION_*`` settings (admission-gate.md)."""
     return AdmissionConfig(
         kv_threshold=settings.admission_kv_threshold,

@@ -14,7 +14,7 @@ import time
 
 from sie.core.errors import SieError
 from sie.core.subjects import stream_name
-from sie.settings import ServeSettings
+from sie.settings_views import BusSettings
 from sie.transport.base import Bus, NoStreamError, work_stream_config
 
 __all__ = ["READING_TTL_S", "StreamPending"]
@@ -29,9 +29,9 @@ class StreamPending:
     """Per pool: the last broker reading, items published since it began, items
     admitted and not yet published; and the work streams already ensured."""
 
-    def __init__(self, bus: Bus, settings: ServeSettings) -> None:
+    def __init__(self, bus: Bus, streams: BusSettings) -> None:
         self.bus = bus
-        self.settings = settings
+        self.streams = streams
         self._readings: dict[str, tuple[int, float]] = {}
         self._unpublished: dict[str, int] = {}
         self._unread_published: dict[str, int] = {}
@@ -86,7 +86,7 @@ class StreamPending:
             SieError: the bus refused (e.g. away: 503).
         """
         if pool not in self._streams:
-            s = self.settings
+            s = self.streams
             await self.bus.add_stream(
                 work_stream_config(
                     pool,

@@ -5,19 +5,40 @@ and text limits; and the lane a request goes to."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sie.core.config import POOL_RE
 from sie.core.errors import InvalidInput
 from sie.core.registry import ModelEntry, ModelRegistry
-from sie.settings import ServeSettings
+from sie.settings_views import LimitsSettings
 
-__all__ = ["check_request", "lane_of"]
+__all__ = ["DEFAULT_ROUTING", "Routing", "check_request", "lane_of"]
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """Where a request goes and how long it may wait (docs/architecture.md §2, §16.3).
+
+    ``pool`` / ``machine_profile``: the ``X-SIE-Pool`` / ``X-SIE-Machine-Profile``
+    header values (None: the model's pool, the gateway's default profile);
+    ``timeout_s``: seconds to wait for every result (None: ``SIE_REQUEST_TIMEOUT_S``);
+    ``request_id``: the id results are collected under (None: a new uuid7).
+    """
+
+    pool: str | None = None
+    machine_profile: str | None = None
+    timeout_s: float | None = None
+    request_id: str | None = None
+
+
+#: No routing headers, the default timeout, a fresh request id.
+DEFAULT_ROUTING = Routing()
 
 
 def check_request(
     registry: ModelRegistry,
-    settings: ServeSettings,
+    limits: LimitsSettings,
     model_id: str,
     items: Sequence[Mapping[str, Any]],
     task: str | None,
@@ -31,7 +52,7 @@ def check_request(
         ModelNotFound: unknown model (404).
         InvalidInput: too many items, a missing task, or a text too long (400).
     """
-    limit = settings.max_items_per_request
+    limit = limits.max_items_per_request
     if len(items) > limit:
         raise InvalidInput(
             f"items: at most {limit} items per request, got {len(items)}", field="items"
@@ -43,7 +64,7 @@ def check_request(
             f"model {entry.model_id!r} does not support {verb} (no tasks.{task})",
             field="model",
         )
-    chars = settings.max_text_chars
+    chars = limits.max_text_chars
     all_texts = texts + [(f"items[{i}].text", it.get("text")) for i, it in enumerate(items)]
     for name, text in all_texts:
         if isinstance(text, str) and len(text) > chars:

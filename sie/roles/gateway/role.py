@@ -19,6 +19,7 @@ import anyio
 import anyio.abc
 
 from sie.control.ack_status import worker_ack_status
+from sie.control.sync import ConfigSync
 from sie.core.errors import (
     Backpressure,
     GatewayTimeout,
@@ -37,8 +38,8 @@ from sie.core.subjects import (
     work_subject,
 )
 from sie.core.wire import Heartbeat, WorkItem, WorkResult
-from sie.roles.config_sync import build_config_sync, run_config_sync
-from sie.roles.gateway.admission import AdmissionGate, admission_config
+from sie.roles.config_sync import run_config_sync
+from sie.roles.gateway.admission import AdmissionGate
 from sie.roles.gateway.collect import Collected, Collector, raise_failures
 from sie.roles.gateway.directory import WorkerDirectory
 from sie.roles.gateway.dlq import DeadLetters
@@ -46,9 +47,9 @@ from sie.roles.gateway.generation import GenerationDispatch
 from sie.roles.gateway.lanes import Lane, LaneTelemetry
 from sie.roles.gateway.pending import StreamPending
 from sie.roles.gateway.publish import WorkPublisher
-from sie.roles.gateway.requests import check_request, lane_of
+from sie.roles.gateway.requests import DEFAULT_ROUTING, Routing, check_request, lane_of
 from sie.roles.gateway.work import encode_work
-from sie.settings import ServeSettings
+from sie.settings_views import BusSettings, GatewaySettings, LimitsSettings
 from sie.telemetry import METRICS, Metrics
 from sie.transport.base import Bus, Subscription
 
@@ -64,45 +65,52 @@ class GatewayRole:
         self,
         bus: Bus,
         registry: ModelRegistry,
-        settings: ServeSettings,
+        settings: GatewaySettings,
         *,
-        config_service_url: str | None = None,
+        streams: BusSettings,
+        limits: LimitsSettings,
+        sync: ConfigSync,
+        admission: AdmissionGate,
+        directory: WorkerDirectory,
         metrics: Metrics = METRICS,
     ) -> None:
+        """Wire the role from its collaborators (``sie.container`` builds them); no I/O.
+
+        ``settings``: the gateway's own view; ``streams``: the work-stream limits it
+        publishes under; ``limits``: per-request bounds; ``sync``: config convergence
+        over ``registry``; ``admission``: the generation gate; ``directory``: workers
+        as their heartbeats describe them.
+        """
         self.bus = bus
         self.registry = registry
         self.settings = settings
+        self.streams = streams
+        self.limits = limits
         self.router_id = settings.router_id
         self._pending: dict[str, Collector] = {}
         self._given_up = False
         self.late_results = 0
         # per-lane in-flight items, admission decisions and pending demand (§2)
         self.lanes = LaneTelemetry(metrics)
-        self.pending = StreamPending(bus, settings)  # items per pool's work stream
+        self.pending = StreamPending(bus, streams)  # items per pool's work stream
         self.publisher = WorkPublisher(bus, self.pending, self.lanes)
-        self.directory = WorkerDirectory(settings.heartbeat_interval_s)
+        self.directory = directory
         self.started_at = time.time()
-        self.sync = build_config_sync(
-            registry,
-            settings,
-            config_service_url=config_service_url,
-            metrics=metrics,
-            role="gateway",
-        )
-        self.epoch = self.sync.epoch
+        self.sync = sync
+        self.epoch = sync.epoch
         # generation: engine-state admission (admission-gate.md) and worker-direct dispatch
-        self.admission = AdmissionGate(admission_config(settings), metrics)
+        self.admission = admission
         self.generation = GenerationDispatch(
             bus=bus,
             registry=registry,
-            directory=self.directory,
+            directory=directory,
             lanes=self.lanes,
-            admission=self.admission,
+            admission=admission,
             router_id=self.router_id,
             default_machine_profile=settings.machine_profile,
         )
         self.dead_letters = DeadLetters(
-            bus, storage=settings.stream_storage, replicas=settings.stream_replicas
+            bus, storage=streams.stream_storage, replicas=streams.stream_replicas
         )
 
     async def run(
@@ -210,11 +218,11 @@ class GatewayRole:
         if record:
             self.lanes.decision(lane, "shed" if shed else "would_shed" if over else "admit")
         pending = await self.pending.count(pool)
-        if pending + max(n_items, 1) > s.max_stream_pending:
+        if pending + max(n_items, 1) > self.streams.max_stream_pending:
             self.lanes.record_demand(lane, "queue_full")
             raise Backpressure(
                 f"work queue for pool {pool!r} holds {pending} items (limit "
-                f"{s.max_stream_pending}, this request {n_items}); retry later",
+                f"{self.streams.max_stream_pending}, this request {n_items}); retry later",
                 pool=pool,
             )
         if shed:
@@ -252,7 +260,7 @@ class GatewayRole:
         texts: list[tuple[str, Any]],
     ) -> tuple[ModelEntry, str]:
         """``check_request`` against this gateway's registry and limits."""
-        return check_request(self.registry, self.settings, model_id, items, task, texts)
+        return check_request(self.registry, self.limits, model_id, items, task, texts)
 
     async def encode(
         self,
@@ -263,10 +271,7 @@ class GatewayRole:
         instruction: str | None = None,
         is_query: bool | None = None,
         options: Mapping[str, Any] | None = None,
-        pool: str | None = None,
-        machine_profile: str | None = None,
-        timeout_s: float | None = None,
-        request_id: str | None = None,
+        routing: Routing = DEFAULT_ROUTING,
     ) -> Collected:
         """Fan ``items`` out as encode work items (one each) and wait for every result.
 
@@ -295,10 +300,7 @@ class GatewayRole:
             bundle,
             "encode",
             [{"item": dict(it), **common} for it in items],
-            pool=pool,
-            machine_profile=machine_profile,
-            timeout_s=timeout_s,
-            request_id=request_id,
+            routing,
         )
 
     async def score(
@@ -309,10 +311,7 @@ class GatewayRole:
         *,
         instruction: str | None = None,
         options: Mapping[str, Any] | None = None,
-        pool: str | None = None,
-        machine_profile: str | None = None,
-        timeout_s: float | None = None,
-        request_id: str | None = None,
+        routing: Routing = DEFAULT_ROUTING,
     ) -> Collected:
         """Score ``items`` against ``query``: ONE work item carrying the query and every
         candidate (reference §2.10). Its result is ``{"scores": [float]}`` in item order.
@@ -337,10 +336,7 @@ class GatewayRole:
             bundle,
             "score",
             [work],
-            pool=pool,
-            machine_profile=machine_profile,
-            timeout_s=timeout_s,
-            request_id=request_id,
+            routing,
         )
 
     async def extract(
@@ -352,10 +348,7 @@ class GatewayRole:
         output_schema: Mapping[str, Any] | None = None,
         instruction: str | None = None,
         options: Mapping[str, Any] | None = None,
-        pool: str | None = None,
-        machine_profile: str | None = None,
-        timeout_s: float | None = None,
-        request_id: str | None = None,
+        routing: Routing = DEFAULT_ROUTING,
     ) -> Collected:
         """Fan ``items`` out as extract work items (one each); each result is
         ``{"entities": [...], "relations", "classifications", "objects", "data"}``.
@@ -377,10 +370,7 @@ class GatewayRole:
             bundle,
             "extract",
             [{"item": dict(it), **common} for it in items],
-            pool=pool,
-            machine_profile=machine_profile,
-            timeout_s=timeout_s,
-            request_id=request_id,
+            routing,
         )
 
     def lane_of(
@@ -400,18 +390,14 @@ class GatewayRole:
         bundle: str,
         operation: str,
         works: list[dict[str, Any]],
-        *,
-        pool: str | None,
-        machine_profile: str | None,
-        timeout_s: float | None,
-        request_id: str | None,
+        routing: Routing,
     ) -> Collected:
         """Route to the lane, admit, publish one work item per ``works`` entry (its
         fields go into the ``WorkItem``; entries differ only in ``item``) and collect
         every result (§2, §16.2)."""
         t0 = time.monotonic()
         model_id = entry.model_id  # canonical: "m:default" is "m"
-        pool, profile = self.lane_of(entry, pool, machine_profile)
+        pool, profile = self.lane_of(entry, routing.pool, routing.machine_profile)
         lane = self.lanes.lane(pool, profile, bundle)
         if not self.lane_served(pool, profile, bundle):
             self.lanes.record_demand(lane, "provisioning")  # for the autoscaler (§2)
@@ -426,7 +412,7 @@ class GatewayRole:
         self.pending.reserve(pool, n)
         unsent = [n]  # this request's admitted items not yet published
         subject = work_subject(pool, profile, bundle, model_id)
-        request_id = request_id or uuid7()
+        request_id = routing.request_id or uuid7()
         reply = inbox_subject(self.router_id, request_id)
         col = Collector(n, [None] * n, n)
         self.lanes.add_in_flight(lane, n)
@@ -455,7 +441,7 @@ class GatewayRole:
             await self.publisher.publish_all(subject, lane, pool, work, unsent)
             self.lanes.clear_demand(lane)  # the lane is being served (§8)
             publish_ms = (time.monotonic() - t0) * 1000.0
-            wait_s = timeout_s or self.settings.request_timeout_s
+            wait_s = routing.timeout_s or self.settings.request_timeout_s
             try:
                 with anyio.fail_after(wait_s):
                     if not self._given_up:

@@ -20,6 +20,7 @@ import anyio
 import anyio.abc
 from opentelemetry import propagate
 
+from sie.control.sync import ConfigSync
 from sie.core.errors import ModelNotFound, SieError
 from sie.core.registry import ModelEntry, ModelRegistry
 from sie.core.subjects import (
@@ -39,14 +40,12 @@ from sie.core.wire import (
     packb,
     salvage_reply,
 )
-from sie.engines.runtime.cache import ModelCache, device_memory_bytes
-from sie.engines.weights import weights_bytes
-from sie.roles.config_sync import build_config_sync, run_config_sync
-from sie.roles.trust import config_trust
+from sie.engines.runtime.cache import ModelCache
+from sie.roles.config_sync import run_config_sync
 from sie.roles.worker.cancels import Cancellations
 from sie.roles.worker.generation import run_generation
-from sie.roles.worker.tasks import engine_batch_fn, run_task
-from sie.settings import ServeSettings
+from sie.roles.worker.tasks import run_task
+from sie.settings_views import BusSettings, WorkerSettings
 from sie.telemetry import METRICS, Metrics, tracer
 from sie.transport.base import (
     Bus,
@@ -79,65 +78,45 @@ class WorkerRole:
         self,
         bus: Bus,
         registry: ModelRegistry,
-        settings: ServeSettings,
+        settings: WorkerSettings,
         metrics: Metrics = METRICS,
         *,
-        config_service_url: str | None = None,
-        trust: ConfigTrust | None = None,
+        streams: BusSettings,
+        sync: ConfigSync,
+        models: ModelCache,
+        trust: ConfigTrust,
     ) -> None:
+        """Wire the role from its collaborators (``sie.container`` builds them); no I/O.
+
+        ``settings``: the worker's own view; ``streams``: the work stream and consumer
+        limits; ``sync``: config convergence over ``registry`` (deltas on
+        ``sie.config.models.{bundle}``, plus the export reconciler when a config
+        service URL is known, architecture §6, §7); ``models``: the model cache
+        (``sie.roles.worker.models.build_model_cache``); ``trust``: the policy each
+        load is checked against.
+        """
         self.bus = bus
         self.registry = registry
-        self.trust = trust if trust is not None else config_trust(settings)
+        self.trust = trust
         self.settings = settings
+        self.streams = streams
         self.metrics = metrics
         self.worker_id = settings.worker_id
         self._status_changed = anyio.Event()
-        budget = settings.memory_budget_bytes or int(
-            settings.memory_budget_fraction * device_memory_bytes(settings.device)
-        )
-        self.models = ModelCache(
-            allowed_modules=self._bundle_adapters,
-            run_batch=engine_batch_fn,
-            device=settings.device,
-            max_batch_requests=settings.max_batch_requests,
-            max_batch_wait_s=settings.max_batch_wait_ms / 1000.0,
-            engine_concurrency=settings.engine_concurrency,
-            on_batch=self._on_batch,
-            on_change=lambda: self._status_changed.set(),
-            memory_budget_bytes=budget,
-            idle_evict_s=settings.idle_evict_s,
-            pinned=settings.preload,
-            estimate_bytes=lambda entry: weights_bytes(entry.config),
-            on_evict=lambda model, reason: metrics.evictions.labels(model, reason).inc(),
-            trust=self.trust,
-            model_cache_dir=settings.model_cache_dir,
-        )
+        self.models = models
+        models.add_listener(self._notify)
         self._inflight = anyio.Semaphore(settings.max_inflight_items)
-        # config convergence (architecture §6, §7): deltas on sie.config.models.{bundle},
-        # plus the export reconciler when a config service URL is known
-        self.sync = build_config_sync(
-            registry,
-            settings,
-            config_service_url=config_service_url,
-            metrics=metrics,
-            role="worker",
-            on_change=lambda: self._status_changed.set(),
-        )
-        self.epoch = self.sync.epoch
+        self.sync = sync
+        sync.add_listener(self._notify)
+        self.epoch = sync.epoch
         self._resync_lock = anyio.Lock()
         self._last_resync = 0.0
         # request ids abandoned by their gateway, and the live work of each request
         self.cancels = Cancellations()
         self.ready = False
 
-    def _bundle_adapters(self) -> tuple[str, ...]:
-        bundle = self.registry.snapshot.bundles.get(self.settings.bundle)
-        return tuple(bundle.adapters) if bundle else ()
-
-    def _on_batch(self, model: str, n: int, tokens: int, seconds: float) -> None:
-        self.metrics.batch_size.labels(model).observe(n)
-        self.metrics.batch_inference.labels(model).observe(seconds)
-        self.metrics.tokens.labels(model).inc(tokens)
+    def _notify(self) -> None:
+        self._status_changed.set()
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -204,17 +183,17 @@ class WorkerRole:
     async def _attach(self) -> PullConsumer:
         """Ensure the pool stream and this lane's durable consumer; retried with backoff
         (0.5 s doubling to 5 s) while the bus is unreachable."""
-        s = self.settings
+        s, st = self.settings, self.streams
         delay = 0.5
         while True:
             try:
                 await self.bus.add_stream(
                     work_stream_config(
                         s.pool,
-                        max_msgs=s.stream_max_msgs,
-                        max_age_s=s.stream_max_age_s,
-                        storage=s.stream_storage,
-                        replicas=s.stream_replicas,
+                        max_msgs=st.stream_max_msgs,
+                        max_age_s=st.stream_max_age_s,
+                        storage=st.stream_storage,
+                        replicas=st.stream_replicas,
                     )
                 )
                 return await self.bus.pull_consumer(
@@ -222,8 +201,8 @@ class WorkerRole:
                     ConsumerConfig(
                         durable=f"{s.bundle}_{s.machine_profile}",
                         filter_subject=lane_filter(s.pool, s.machine_profile, s.bundle),
-                        ack_wait_s=s.ack_wait_s,
-                        max_deliver=s.max_deliver,
+                        ack_wait_s=st.ack_wait_s,
+                        max_deliver=st.max_deliver,
                         max_ack_pending=max(1000, s.max_inflight_items),
                     ),
                 )

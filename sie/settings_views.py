@@ -1,0 +1,138 @@
+"""Per-concern views of ``ServeSettings`` (docs/configuration.md; docs/architecture.md
+"Where things go").
+
+``ServeSettings`` stays the one registry of ``SIE_*`` names, parsed once at the edge.
+Each role and collaborator receives only the view of its concern: frozen sub-models
+whose fields are a subset of ``ServeSettings``' (same names, same validated values),
+built by ``ServeSettings.view(cls)``. A field may appear in more than one view (both
+the gateway and the worker know the heartbeat interval).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, SecretStr
+
+__all__ = [
+    "AdmissionSettings",
+    "AuthSettings",
+    "BusSettings",
+    "ConfigRoleSettings",
+    "GatewaySettings",
+    "LimitsSettings",
+    "SettingsView",
+    "SyncSettings",
+    "WorkerSettings",
+]
+
+
+class SettingsView(BaseModel):
+    """Base of every view: frozen, and no field that ``ServeSettings`` lacks."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class BusSettings(SettingsView):
+    """The bus and its work streams (architecture §8.2): which adapter, where, and the
+    stream limits every publisher and consumer must agree on."""
+
+    bus: Literal["memory", "nats"]
+    nats_url: str
+    stream_max_age_s: float
+    stream_max_msgs: int
+    stream_storage: Literal["memory", "file"]
+    stream_replicas: int
+    max_stream_pending: int
+    ack_wait_s: float
+    max_deliver: int
+
+
+class LimitsSettings(SettingsView):
+    """What one request may cost the gateway (docs/security.md "Limits")."""
+
+    max_body_bytes: int
+    max_generate_body_bytes: int
+    max_items_per_request: int
+    max_text_chars: int
+    max_inflight_body_bytes: int
+    http_header_timeout_s: float
+    http_body_timeout_s: float
+    max_large_body_reads: int
+
+
+class AuthSettings(SettingsView):
+    """Who may call which route (docs/security.md "Trust model")."""
+
+    auth_mode: Literal["none", "token", "static"] | None
+    auth_token: SecretStr | None
+    auth_tokens: tuple[SecretStr, ...]
+    admin_token: SecretStr | None
+    auth_exempt_operational: bool
+
+
+class AdmissionSettings(SettingsView):
+    """The engine-state admission gate for generation (admission-gate.md)."""
+
+    admission_kv_threshold: float
+    admission_max_inflight: int | None
+    admission_max_park_s: float
+    admission_observe_models: tuple[str, ...]
+    admission_poll_interval_s: float
+    admission_keepalive_s: float
+
+
+class SyncSettings(SettingsView):
+    """How a gateway or worker converges on the config authority (architecture §4).
+    ``read_token``: what the export poller presents (the admin token, else an
+    inference token), resolved by ``ServeSettings.sync``."""
+
+    config_service_url: str | None
+    config_poll_interval_s: float
+    config_trusted_producers: tuple[str, ...]
+    config_trust_any_producer: bool
+    read_token: SecretStr | None = None
+
+
+class GatewaySettings(SettingsView):
+    """The gateway role's own settings (architecture §2, §16.3)."""
+
+    router_id: str
+    machine_profile: str
+    request_timeout_s: float
+    heartbeat_interval_s: float
+    max_lane_in_flight_items: int
+    lane_backpressure_enforce: bool
+
+
+class WorkerSettings(SettingsView):
+    """The worker role's own settings: its lane, batching, memory and heartbeats
+    (architecture §8, §16.2)."""
+
+    worker_id: str
+    pool: str
+    machine_profile: str
+    bundle: str
+    device: str
+    preload: tuple[str, ...]
+    max_batch_requests: int
+    max_batch_wait_ms: float
+    max_inflight_items: int
+    engine_concurrency: int
+    memory_budget_bytes: int | None
+    memory_budget_fraction: float
+    idle_evict_s: float | None
+    heartbeat_interval_s: float
+    admission_poll_interval_s: float
+    model_cache_dir: str
+
+
+class ConfigRoleSettings(SettingsView):
+    """The config authority's settings: its store, seeds and bounds (architecture §3, §9)."""
+
+    config_store_dir: str | None
+    config_restore: bool
+    config_producer_id: str
+    config_max_models: int
+    models_dir: str | None
+    bundles_dir: str | None
