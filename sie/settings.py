@@ -85,7 +85,7 @@ class ServeSettings(BaseModel):
     max_inflight_items: int = Field(default=512, gt=0)
     # engine calls of one model in flight at once on a CPU (sie.engines.runtime.threads)
     engine_concurrency: int = Field(default=2, ge=1, le=64)
-    # worker memory (reference §4.5): bytes, else this fraction of RAM (VRAM on CUDA)
+    # worker memory (docs/api.md §10): bytes, else this fraction of RAM (VRAM on CUDA)
     memory_budget_bytes: int | None = Field(default=None, gt=0)
     memory_budget_fraction: float = Field(default=0.85, gt=0, le=1)
     idle_evict_s: float | None = Field(default=None, gt=0)

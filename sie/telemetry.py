@@ -1,6 +1,6 @@
 """Prometheus metrics and the OpenTelemetry tracer (a leaf: any layer may import it).
 
-Metric names follow reference §4.12 where one exists.
+Metric names follow architecture §15 where one exists.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class Metrics:
             registry=self.registry,
         )
 
-        # config convergence (architecture §4, §15; reference §5.9)
+        # config convergence (architecture §4, §15; architecture §15)
         self.config_epoch = Gauge(
             "sie_config_epoch", "Local config epoch", ["role"], registry=self.registry
         )

@@ -23,7 +23,7 @@
    bundle on ``sie.config.models.{bundle}`` and a copy on ``sie.config.models._all``
    (failures become ``warnings``; the write stays durable).
 
-Unlike the public implementation (reference §9 item 10), the epoch advances on
+Unlike some config services, the epoch advances on
 every creating write even without a store (in memory), so gateways can always
 detect drift.
 """
@@ -75,7 +75,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 audit = logging.getLogger("sie.audit")
 
-#: Body cap of ``POST /v1/configs/models`` (architecture §3 / reference §5.4): 1 MiB.
+#: Body cap of ``POST /v1/configs/models`` (architecture §3 / architecture §3): 1 MiB.
 MAX_CONFIG_BODY_BYTES = 1024 * 1024
 #: Structural items one config body may have: line breaks (``\n``, ``\r``, ``\r\n``
 #: once, NEL, LS, PS) plus ``,``, ``[`` and ``{`` (``sie.core.config.structural_tokens``),
@@ -164,7 +164,7 @@ class ConfigAuthority:
 
     async def export(self) -> dict[str, Any]:
         """The authoritative snapshot, taken under the write lock so ``(epoch, models)``
-        is a real serialisation point (architecture §3; reference §5.7).
+        is a real serialisation point (architecture §3; architecture §7).
 
         Raises:
             RegistryUnavailable.

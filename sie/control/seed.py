@@ -2,7 +2,7 @@
 
 Any fsspec URL works (a local path, ``memory://``, ``s3://`` with s3fs installed).
 Each ``*.yaml`` is one bundle or one model config; a bundle's ``name`` defaults
-to its file stem (reference §3.3).
+to its file stem (docs/api.md §9).
 """
 
 from __future__ import annotations

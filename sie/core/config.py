@@ -1,9 +1,9 @@
 """Model config, profile and bundle types, loaded from YAML with ruamel.yaml.
 
-The model schema is reference §3.1 (``extra="forbid"`` at every level) plus the
+The model schema is docs/api.md §9 (``extra="forbid"`` at every level) plus the
 top-level ``pool`` of architecture §16.3 and ``tasks.encode.dense.matryoshka``
 (ours: marks a model whose dense vector may be truncated for OpenAI
-``dimensions``). Bundles are reference §3.3.
+``dimensions``). Bundles are docs/api.md §9.
 
 Errors: every parse or validation failure raises ``ConfigError`` whose message
 names the offending key path (e.g. ``profiles.default.max_batch_tokenz: unknown key``).
@@ -174,7 +174,7 @@ class Tasks(_Strict):
     generate: dict[str, Any] | None = None  # text generation (architecture §2, §8.2)
 
 
-#: Runtime options every engine understands, with their types (reference §3.1). Other
+#: Runtime options every engine understands, with their types (docs/api.md §9). Other
 #: keys are engine-specific and passed through.
 _RUNTIME_BOOLS = ("normalize", "is_query")
 _RUNTIME_TEMPLATES = ("query_template", "doc_template")
@@ -215,7 +215,7 @@ class AdapterOptions(_Strict):
 
 
 class Profile(_Strict):
-    """One profile as written in YAML (reference §3.1 ProfileConfig)."""
+    """One profile as written in YAML (docs/api.md §9 ProfileConfig)."""
 
     extends: str | None = None
     adapter_path: str | None = None
@@ -248,7 +248,7 @@ class ResolvedProfile(_Strict):
 
 
 class ModelConfig(_Strict):
-    """A model config (reference §3.1; ``pool`` from architecture §16.3)."""
+    """A model config (docs/api.md §9; ``pool`` from architecture §16.3)."""
 
     sie_id: str
     hf_id: str | None = None
@@ -323,7 +323,7 @@ class ModelConfig(_Strict):
 
     @property
     def outputs(self) -> list[str]:
-        """Derived capability list (reference §1.9): dense/sparse/multivector/score/json."""
+        """Derived capability list (docs/api.md §7): dense/sparse/multivector/score/json."""
         out: list[str] = []
         enc = self.tasks.encode
         if enc is not None:
@@ -351,7 +351,7 @@ class ModelConfig(_Strict):
         return dims
 
     def resolve_profile(self, name: str = DEFAULT_PROFILE) -> ResolvedProfile:
-        """Apply ``extends`` (reference §3.1): non-null child scalars override; a
+        """Apply ``extends`` (docs/api.md §9): non-null child scalars override; a
         non-empty child ``loadtime``/``runtime`` dict replaces the parent's.
 
         Raises:
@@ -379,7 +379,7 @@ class ModelConfig(_Strict):
 
 
 class Bundle(_Strict):
-    """A bundle (reference §3.3): which engine modules a worker deployment runs."""
+    """A bundle (docs/api.md §9): which engine modules a worker deployment runs."""
 
     name: str
     priority: int = 100

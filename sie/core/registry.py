@@ -48,7 +48,7 @@ __all__ = [
     "subject_token",
 ]
 
-#: Where a model config came from (reference §5.2 ``source``).
+#: Where a model config came from (docs/api.md §8 ``source``).
 SOURCE_API = "api"
 SOURCE_FILESYSTEM = "filesystem"
 #: Most characters of dumped YAML one registry keeps cached (least recently read go).

@@ -1,4 +1,4 @@
-"""Input templates (reference §3.1): ``query_template`` / ``doc_template`` runtime options.
+"""Input templates (docs/api.md §9): ``query_template`` / ``doc_template`` runtime options.
 
 A template may use only the plain fields ``{text}`` and ``{instruction}``: no
 format specs (``{text:>9999999}`` would let a 30-byte option build megabytes),

@@ -2,7 +2,7 @@
 
 This is the only module that imports ``ormsgpack``. Encoding uses ormsgpack;
 numpy arrays are written in msgpack-numpy's extension-free map form with
-**bin-type keys** (reference §1.2)::
+**bin-type keys** (docs/api.md §1)::
 
     {b"nd": True, b"type": "<f4", b"kind": b"", b"shape": [n, d], b"data": <raw LE C-order bytes>}
 
@@ -12,7 +12,7 @@ either bin- or str-keyed ``nd`` maps back into read-only numpy arrays.
 
 Message types: ``WorkItem`` (gateway → worker, JetStream), ``WorkResult``
 (worker → gateway inbox, NATS Core), ``Heartbeat`` (worker → ``sie.health.*``).
-Fields follow architecture §16.2 and reference §2.10.
+Fields follow architecture §16.2 and architecture §8.4.
 """
 
 from __future__ import annotations
@@ -232,8 +232,8 @@ class WorkItem(_Message):
     """One unit of work on ``sie.work.{pool}.{profile}.{bundle}.{model}`` (§16.2).
 
     Encode and extract fan out one work item per input item; a score request is one
-    work item carrying the query and every candidate (reference §2.10). ``item`` /
-    ``query_item`` / ``score_items`` are wire Item maps (reference §1.4: ``id``,
+    work item carrying the query and every candidate (architecture §8.4). ``item`` /
+    ``query_item`` / ``score_items`` are wire Item maps (docs/api.md §1: ``id``,
     ``text``, ...); ``labels`` are extract's entity types. ``timestamp`` is epoch seconds.
     """
 

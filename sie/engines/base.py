@@ -9,9 +9,9 @@ device)`` and do no I/O; ``load`` does the heavy work.
 
 An engine implements one or more task protocols, checked by method:
 ``EncodeEngine`` (``encode``), ``ScoreEngine`` (``score``), ``ExtractEngine``
-(``extract``) — the three functions of the public API (reference §1.5-§1.7).
+(``extract``) — the three functions of the public API (docs/api.md §2-§4).
 Every engine may report ``memory_bytes()`` after ``load`` (parameters plus buffers;
-the worker's memory budget, reference §4.5).
+the worker's memory budget, docs/api.md §10).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ __all__ = [
 
 
 class Entity(TypedDict):
-    """One extracted span (reference §1.7). ``start``/``end`` are character offsets
+    """One extracted span (docs/api.md §4). ``start``/``end`` are character offsets
     into the original Python string, ``text == original[start:end]``; ``score`` in 0..1."""
 
     text: str
@@ -71,7 +71,7 @@ class Engine(Protocol):
 
 @runtime_checkable
 class ScoreEngine(Protocol):
-    """Relevance of candidates to a query (reference §1.6): a reranker."""
+    """Relevance of candidates to a query (docs/api.md §3): a reranker."""
 
     def load(self) -> None: ...
 
@@ -98,7 +98,7 @@ class ScoreEngine(Protocol):
 
 @runtime_checkable
 class ExtractEngine(Protocol):
-    """Entities found in texts (reference §1.7)."""
+    """Entities found in texts (docs/api.md §4)."""
 
     def load(self) -> None: ...
 

@@ -1,4 +1,4 @@
-"""Typed reading of engine options (reference §3.1 ``adapter_options``).
+"""Typed reading of engine options (docs/api.md §9 ``adapter_options``).
 
 Runtime options come from the request merged over the profile; a wrong type or
 range is the caller's mistake: ``InvalidInput`` naming ``params.options.<name>``.

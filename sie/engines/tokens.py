@@ -1,5 +1,5 @@
 """Small helpers the torch/tokenizers engines share: a tokenizer for counting, and the
-bytes a torch module holds (reference §4.5 memory accounting, §4.6 token costs)."""
+bytes a torch module holds (docs/api.md §10 memory accounting, §4.6 token costs)."""
 
 from __future__ import annotations
 

@@ -115,7 +115,7 @@ def resolve_weights(config: ModelConfig) -> Path:
 def weights_bytes(config: ModelConfig) -> int:
     """Bytes of weight files under ``config``'s weights directory (0 when unknown).
 
-    The estimate of a model's memory before it loads (reference §4.5); the loaded
+    The estimate of a model's memory before it loads (docs/api.md §10); the loaded
     engine's ``memory_bytes()`` replaces it afterwards.
     """
     try:

@@ -1,5 +1,5 @@
 """Bearer-token auth for the gateway and the config role (architecture §3 step 1, §13;
-reference §5.3, §6.5).
+docs/security.md "Authentication", docs/security.md "Authentication").
 
 Decisions are pure functions of (method, path, bearer) and the configured tokens;
 ``AuthMiddleware`` applies one to every HTTP request. Tokens are compared in
@@ -148,7 +148,7 @@ def _is_config_write(method: str, path: str) -> bool:
 def config_decision(
     policy: AuthPolicy, method: str, path: str, token: str | None
 ) -> SieError | None:
-    """None to allow, else the error (architecture §3 step 1; reference §5.3)."""
+    """None to allow, else the error (architecture §3 step 1; docs/security.md "Authentication")."""
     if path in PROBES:
         return None
     if _is_config_write(method, path):

@@ -1,4 +1,4 @@
-"""The config role's HTTP app (architecture §3, §5, §14 "sie-config"; reference §5.2).
+"""The config role's HTTP app (architecture §3, §5, §14 "sie-config"; docs/api.md §8).
 
 Routes: ``POST /v1/configs/models`` (YAML body, admin), ``GET /v1/configs/models``,
 ``GET /v1/configs/models/{id}`` (YAML), ``GET /v1/configs/bundles``,

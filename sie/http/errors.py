@@ -1,4 +1,4 @@
-"""The one table from errors to HTTP responses (architecture §2; reference §1.12).
+"""The one table from errors to HTTP responses (architecture §2; docs/api.md §11).
 
 Envelopes:
 - SIE-native 4xx (validation, routing): ``{"detail": {"code", "message", ...}}``.

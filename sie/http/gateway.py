@@ -8,7 +8,7 @@ Routes:
     POST /v1/chat/completions, /v1/completions, /v1/generate/{model}: generation
                                    (sie.http.generation)
     GET  /v1/models                {"object": "list", "data": [OpenAI model], "models": [ModelInfo]}
-    GET  /v1/models/{model:path}   ModelInfo (reference §1.9); 404 MODEL_NOT_FOUND
+    GET  /v1/models/{model:path}   ModelInfo (docs/api.md §7); 404 MODEL_NOT_FOUND
     GET  /healthz                  liveness, text ``ok``
     GET  /readyz                   ``ok`` while serving; 503 ``draining`` during shutdown (§4)
     GET  /health                   workers and their loaded models (JSON)
@@ -80,7 +80,7 @@ class ResponseHeaders:
 
 
 def model_info(entry: ModelEntry, gateway: GatewayRole) -> dict[str, Any]:
-    """ModelInfo (reference §1.9) plus the routing facts ``bundles`` and ``pool`` and
+    """ModelInfo (docs/api.md §7) plus the routing facts ``bundles`` and ``pool`` and
     the workers' ``loads`` / ``evictions`` counts."""
     cfg = entry.config
     state, last_error = gateway.model_state(entry.model_id)
@@ -99,7 +99,7 @@ def model_info(entry: ModelEntry, gateway: GatewayRole) -> dict[str, Any]:
         else {p: {"is_default": p == "default"} for p in cfg.profiles},
         "bundles": list(entry.bundles),
         "pool": cfg.effective_pool,
-        **gateway.model_counts(entry.model_id),  # loads, evictions (reference §4.5)
+        **gateway.model_counts(entry.model_id),  # loads, evictions (docs/api.md §10)
     }
 
 

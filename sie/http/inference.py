@@ -1,9 +1,9 @@
-"""The gateway's inference routes: encode, score, extract (reference §1.5-§1.7).
+"""The gateway's inference routes: encode, score, extract (docs/api.md §2-§4).
 
 Each decodes JSON or msgpack (``sie.http.negotiation``), validates with pydantic
 (400 ``INVALID_INPUT`` naming the field), hands the request to the gateway role
 (which publishes work items and collects results), and renders JSON or msgpack
-with the timing headers of reference §1.11.
+with the timing headers of docs/api.md §1.
 
     POST /v1/encode/{model}   {items, params: {output_types, output_dtype, instruction,
                               is_query, options}} -> {model, items: [{id?, dense?, sparse?,
@@ -117,7 +117,7 @@ def _routing(request: Request) -> Routing:
 
 
 async def encode(request: Request) -> Response:
-    """``POST /v1/encode/{model}`` (reference §1.5; architecture §2)."""
+    """``POST /v1/encode/{model}`` (docs/api.md §2; architecture §2)."""
 
     async def run(gateway: GatewayRole, model: str, req: EncodeRequest) -> Response:
         params = req.params or EncodeParams()
@@ -181,7 +181,7 @@ async def encode(request: Request) -> Response:
 
 
 async def score(request: Request) -> Response:
-    """``POST /v1/score/{model}`` (reference §1.6): every item ranked, best first; ties
+    """``POST /v1/score/{model}`` (docs/api.md §3): every item ranked, best first; ties
     keep input order; ``item_id`` is the item's id or ``item-{i}``; ``top_k`` keeps
     the best k of that same ranking."""
 
@@ -236,7 +236,7 @@ async def score(request: Request) -> Response:
 
 
 async def extract(request: Request) -> Response:
-    """``POST /v1/extract/{model}`` (reference §1.7): per item ``{id, entities,
+    """``POST /v1/extract/{model}`` (docs/api.md §4): per item ``{id, entities,
     relations, classifications, objects, data}``, every key present; ``id`` is the
     item's id or ``item-{i}``; entity offsets are characters of the item's text."""
 

@@ -5,9 +5,9 @@ Requests: msgpack when ``Content-Type`` is a msgpack type, otherwise JSON in UTF
 Bodies are nested at most ``DEFAULT_MAX_DEPTH`` levels; bodies over
 ``OFF_LOOP_BYTES`` are decoded on a small thread pool, not on the event loop
 (docs/security.md "Limits").
-Responses: msgpack (numpy arrays in msgpack-numpy form, reference §1.2) when
+Responses: msgpack (numpy arrays in msgpack-numpy form, docs/api.md §1) when
 ``Accept`` names msgpack, otherwise JSON with arrays expanded to lists (the
-gateway default, reference §9 item 1).
+gateway default).
 """
 
 from __future__ import annotations

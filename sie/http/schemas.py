@@ -1,6 +1,6 @@
-"""Request bodies of the gateway's HTTP API (reference §1.4, §1.5, §1.8).
+"""Request bodies of the gateway's HTTP API (docs/api.md §1-§6).
 
-Unknown fields are ignored, as by the public server (reference §1.2); type
+Unknown fields are ignored, as by the public server (docs/api.md §1); type
 errors and missing required fields are 400 INVALID_INPUT naming the field.
 """
 
@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 OutputType = Literal["dense", "sparse", "multivector"]
-#: reference §1.5 (sie.engines.encoders.quantize)
+#: docs/api.md §2 (sie.engines.encoders.quantize)
 OutputDtype = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]
 
 
@@ -49,7 +49,7 @@ class Item(_Lenient):
 
 
 class RuntimeOptions(BaseModel):
-    """Runtime options (reference §1.5-§1.7). Keys every engine shares are type-checked
+    """Runtime options (docs/api.md §2-§4). Keys every engine shares are type-checked
     here; engine-specific keys pass through and the engine checks them."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
@@ -91,7 +91,7 @@ class EmbeddingsRequest(_Lenient):
 
 
 class ScoreRequest(_Lenient):
-    """``POST /v1/score/{model}`` (reference §1.6): no ``params`` wrapper."""
+    """``POST /v1/score/{model}`` (docs/api.md §3): no ``params`` wrapper."""
 
     query: Item
     items: list[Item] = Field(min_length=1)
@@ -108,7 +108,7 @@ class ExtractParams(_Lenient):
 
 
 class ExtractRequest(_Lenient):
-    """``POST /v1/extract/{model}`` (reference §1.7)."""
+    """``POST /v1/extract/{model}`` (docs/api.md §4)."""
 
     items: list[Item] = Field(min_length=1)
     params: ExtractParams | None = None

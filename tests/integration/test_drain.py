@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import MINILM, run_stack
+from tests.conftest import MINILM, run_stack, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -31,10 +31,13 @@ def test_requests_cut_by_the_drain_bound_get_503_shutting_down() -> None:
         t = threading.Thread(target=slow)
         t.start()
         assert sent.wait(5)
-        time.sleep(1.0)  # the request is on the workers now
+        gw = s.running.gateway
+        assert gw is not None
+        # the request is admitted and its items are on their way to the workers
+        wait_for(lambda: sum(gw.lanes.in_flight.values()) > 0, timeout_s=20)
         t0 = time.monotonic()
         s.portal.call(s.shutdown.set)
-        time.sleep(1.0)
+        wait_for(lambda: s.running.apps["gateway"].state.draining, timeout_s=5)
         # mid-drain: the config listener still answers (the gateway's poller uses it)
         cport = s.running.config_port
         assert httpx.get(f"http://127.0.0.1:{cport}/v1/configs/epoch", timeout=5).status_code == 200

@@ -14,7 +14,7 @@ import msgpack_numpy
 import numpy as np
 import pytest
 
-from tests.conftest import MINILM, Stack
+from tests.conftest import MINILM, Stack, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -509,7 +509,6 @@ def test_body_limit() -> None:
 def test_no_worker_for_the_lane() -> None:
     """Inside the start-up grace a request is queued and times out (504); after it, the
     gateway knows no worker serves the lane and answers 503 PROVISIONING at once (§2)."""
-    import time
 
     from tests.conftest import run_stack
 
@@ -523,7 +522,9 @@ def test_no_worker_for_the_lane() -> None:
             r.headers["retry-after"] == "5" and r.headers["x-sie-error-code"] == "GATEWAY_TIMEOUT"
         )
         assert r.json()["error"]["code"] == "GATEWAY_TIMEOUT"
-        time.sleep(1.0)
+        gw = s.running.gateway
+        assert gw is not None  # past its start-up grace, the gateway knows nobody serves
+        wait_for(lambda: not gw.lane_served("default", "default", "default"), timeout_s=5)
         r = c.post(URL, json={"items": [{"text": "nobody home"}]})
         # 503 at once (a wait would have ended in 504), retry after a minute
         assert r.status_code == 503 and r.headers["retry-after"] == "60"

@@ -17,10 +17,12 @@ class Recorder:
         self.calls: list[tuple[Hashable, list[str]]] = []
         self.delay_s = delay_s
         self.threads: set[int] = set()
+        self.started = threading.Event()  # set when the first engine call begins
 
     def __call__(self, key: Hashable, payloads: Sequence[str]) -> list[str]:
         self.threads.add(threading.get_ident())
         self.calls.append((key, list(payloads)))
+        self.started.set()
         if self.delay_s:
             time.sleep(self.delay_s)
         return [p.upper() for p in payloads]
@@ -98,7 +100,7 @@ async def test_cancelled_items_are_dropped_before_the_engine() -> None:
             first.set()
 
         tg.start_soon(busy)
-        await anyio.sleep(0.01)  # "first" is running on the thread now
+        await anyio.to_thread.run_sync(rec.started.wait, 5.0)  # "first" is on the thread now
         with anyio.move_on_after(0.001):
             await b.submit("abandoned", 1)
         await first.wait()
@@ -179,7 +181,7 @@ async def test_a_batch_forms_only_when_a_slot_is_free() -> None:
         await tg.start(b.run)
         async with anyio.create_task_group() as inner:
             inner.start_soon(b.submit, "first", 1)
-            await anyio.sleep(0.05)  # "first" is on the engine now
+            await anyio.to_thread.run_sync(rec.started.wait, 5.0)  # "first" is on the engine now
             for i in range(5):
                 inner.start_soon(b.submit, f"later{i}", 1)
         tg.cancel_scope.cancel()

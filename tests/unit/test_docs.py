@@ -1,6 +1,7 @@
 """docs/configuration.md is generated from the settings registry and documents every
 SIE_* variable `sie serve` reads (sie.settings.ENV_VARS); the README links to it."""
 
+import re
 from pathlib import Path
 
 from sie.cli import parser
@@ -55,3 +56,31 @@ def test_env_vars_fill_settings_and_flags_win() -> None:
     assert s.port == 7777 and s.roles == ("gateway", "worker") and s.preload == ("a", "b")
     assert s.request_timeout_s == 2.5
     assert set(ENV_VARS.values()) <= set(ServeSettings.model_fields)
+
+
+def _sections(doc: Path) -> set[str]:
+    """Section numbers of a document's headings (``## 8.2 Title`` → ``8.2``)."""
+    out = set()
+    for line in doc.read_text().splitlines():
+        m = re.match(r"^#{2,4} (\d+(?:\.\d+)*)\.? ", line)
+        if m:
+            out.add(m.group(1))
+    return out
+
+
+def test_docstring_citations_name_sections_that_exist() -> None:
+    """Code cites the project's own docs by section ("architecture §N", "docs/api.md
+    §N"), never the external reference; every cited section is a heading there."""
+    root = Path(__file__).resolve().parents[2]
+    arch, api = _sections(root / "docs" / "architecture.md"), _sections(root / "docs" / "api.md")
+    assert len(arch) > 20 and len(api) >= 11
+    missing = []
+    for path in (root / "sie").rglob("*.py"):
+        text = path.read_text()
+        assert "reference §" not in text, f"{path}: cites the external reference"
+        for doc, known in (("architecture", arch), ("docs/api.md", api)):
+            for m in re.finditer(re.escape(doc) + r" ((?:§[\d.]+[,\- ]*)+)", text):
+                for sec in re.findall(r"§(\d+(?:\.\d+)*)", m.group(1)):
+                    if sec not in known:
+                        missing.append(f"{path.name}: {doc} §{sec}")
+    assert missing == []

@@ -1,4 +1,4 @@
-"""Output dtypes for encode results (reference §1.5, §4.7 ``QuantizePostprocessor``).
+"""Output dtypes for encode results (docs/api.md §2.1).
 
 ``output_dtype`` is one of ``OUTPUT_DTYPES``; quantisation is per row (a dense
 vector is one row; a multivector is one row per token):

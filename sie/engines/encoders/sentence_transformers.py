@@ -4,7 +4,7 @@
 ``multivector`` (per-token embeddings); scores by cosine for ``tasks.score`` models.
 ``SparseEncoder``: SPLADE through ``sentence_transformers.SparseEncoder`` →
 ``sparse`` ``(indices int32 ascending, values float32 > 0)`` per text over the
-vocabulary (reference §1.5).
+vocabulary (docs/api.md §2).
 Profile options: loadtime ``trust_remote_code``; runtime ``normalize`` (bool,
 L2-normalise), ``query_template`` / ``doc_template`` (``sie.core.templates``).
 torch and sentence-transformers are imported in ``load`` only (extra ``st``).
@@ -183,7 +183,7 @@ class DenseEncoder:
     ) -> tuple[list[str], list[int]]:
         window = int(self._model.max_seq_length)
         rendered = [render_input(t, instruction, is_query, options) for t in texts]
-        if self._counter is None:  # no fast tokenizer: estimate, reference §4.6 char count
+        if self._counter is None:  # no fast tokenizer: estimate, docs/api.md §10 char count
             return rendered, [max(1, min(window, len(t) // 4)) for t in rendered]
         clipped = [self._clip(t, window) for t in rendered]
         encs = self._counter.encode_batch(clipped)

@@ -1,13 +1,13 @@
 """GLiNER zero-shot entity extraction (bundle module ``sie.engines.extractors.gliner``).
 
 ``GlinerExtractor``: a GLiNER model directory (``save_pretrained`` layout, found by
-``resolve_weights``) → per text a list of ``Entity`` (reference §1.7).
+``resolve_weights``) → per text a list of ``Entity`` (docs/api.md §4).
 
 Options:
     loadtime ``batch_size`` (int > 0, default 8): windows per forward pass.
     runtime ``threshold`` (number in 0..1, default 0.5): minimum span score;
     ``flat_ner`` (bool, default true): no overlapping spans; ``multi_label`` (bool,
-    default false): one span may carry several labels (reference §1.7).
+    default false): one span may carry several labels (docs/api.md §4).
 
 Long texts: GLiNER reads at most ``config.max_len`` words and its encoder at most
 ``model_max_length`` subword tokens (label prompt included); beyond that the library
@@ -104,7 +104,7 @@ def _decode(entities: list[Entity], *, flat_ner: bool, multi_label: bool) -> lis
 
 
 class GlinerExtractor:
-    """Zero-shot entities from a GLiNER model (reference §1.7); ``labels`` are required."""
+    """Zero-shot entities from a GLiNER model (docs/api.md §4); ``labels`` are required."""
 
     def __init__(self, config: ModelConfig, profile: ResolvedProfile, device: str = "cpu") -> None:
         self.config = config
@@ -288,7 +288,7 @@ class GlinerExtractor:
         labels: Sequence[str] | None,
         options: Mapping[str, Any],
     ) -> list[list[Entity]]:
-        """Entities per text, in input order, each list sorted by ``start`` (reference §1.7).
+        """Entities per text, in input order, each list sorted by ``start`` (docs/api.md §4).
 
         Each entity is ``{"text", "label", "score", "start", "end"}``: ``label`` one of
         ``labels``, ``score`` in 0..1 (≥ ``threshold``), ``start``/``end`` Python

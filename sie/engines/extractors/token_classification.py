@@ -4,7 +4,7 @@
 ``config.json`` (``id2label`` with BIO tags such as ``B-GIVEN_NAME``), ``tokenizer.json``
 (Hugging Face ``tokenizers``) and an ONNX graph taking ``input_ids`` /
 ``attention_mask`` / ``token_type_ids`` (int64 ``[batch, seq]``) and returning logits
-``[batch, seq, num_labels]`` → per text a list of ``Entity`` (reference §1.7).
+``[batch, seq, num_labels]`` → per text a list of ``Entity`` (docs/api.md §4).
 
 Options:
     loadtime ``onnx_file`` (path inside the directory; default ``onnx/model_q4.onnx``,
@@ -86,7 +86,7 @@ def _split_tag(tag: str) -> tuple[str, str | None]:
 
 
 class OnnxTokenClassifier:
-    """Fixed-label NER from an ONNX token-classification model (reference §1.7)."""
+    """Fixed-label NER from an ONNX token-classification model (docs/api.md §4)."""
 
     def __init__(self, config: ModelConfig, profile: ResolvedProfile, device: str = "cpu") -> None:
         self.config = config
@@ -306,7 +306,7 @@ class OnnxTokenClassifier:
         labels: Sequence[str] | None,
         options: Mapping[str, Any],
     ) -> list[list[Entity]]:
-        """Entities per text, in input order, each list sorted by ``start`` (reference §1.7).
+        """Entities per text, in input order, each list sorted by ``start`` (docs/api.md §4).
 
         Each entity is ``{"text", "label", "score", "start", "end"}``: ``label`` a tag
         type of the model (``GIVEN_NAME``), ``score`` in 0..1, ``start``/``end`` Python

@@ -1,4 +1,4 @@
-"""Token-budget dynamic batching across requests (reference §4.6).
+"""Token-budget dynamic batching across requests (docs/api.md §10).
 
 Items from concurrent requests queue in one ``TokenBudgetBatcher`` per loaded
 model. A batch is formed when the queued cost reaches ``max_batch_tokens``, or

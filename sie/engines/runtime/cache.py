@@ -1,7 +1,7 @@
 """Loaded models on a worker: load on first use, one batcher per model, a memory
-budget with LRU eviction, optional idle eviction, states (reference §4.4, §4.5).
+budget with LRU eviction, optional idle eviction, states (docs/api.md §10).
 
-States follow reference §1.9/§4.4: ``available`` → ``loading`` → ``loaded`` →
+States follow docs/api.md §7, §10: ``available`` → ``loading`` → ``loaded`` →
 ``unloading`` → ``available``. A failed load is ``failed`` with ``last_error``
 (``code``, ``message``, ``error_class``, ``attempts``, ``permanent``): sticky when
 permanent (until the config changes), retried by the next request otherwise.
@@ -114,7 +114,7 @@ class ModelCache:
             service after the cache is built).
         run_batch: builds the batch function for an engine (see ``sie.roles.worker.tasks``).
         device: torch device string, e.g. ``"cpu"``.
-        max_batch_requests / max_batch_wait_s: batcher limits (reference §4.6).
+        max_batch_requests / max_batch_wait_s: batcher limits (docs/api.md §10).
         engine_concurrency: engine calls of one model that may run at once on a CPU,
             for engines that allow it (``sie.engines.runtime.threads``).
         memory_budget_bytes: most bytes of loaded models (None: unlimited).

@@ -1,7 +1,7 @@
 """Cross-encoder rerankers (bundle module ``sie.engines.scorers.cross_encoder``).
 
 ``CrossEncoderScorer``: sentence-transformers ``CrossEncoder`` → one relevance
-score per ``(query, doc)`` pair (reference §1.6), read jointly by the model.
+score per ``(query, doc)`` pair (docs/api.md §3), read jointly by the model.
 Profile options: loadtime ``trust_remote_code``; runtime ``activation``:
 ``"none"`` (default, the raw logit) or ``"sigmoid"`` (logit squashed into (0, 1),
 same order). ``instruction`` is prepended to each query as ``f"{instruction} {query}"``.

@@ -1,6 +1,6 @@
 """The config role: the single writer of model configs (architecture §3, §9, §11).
 
-Startup (reference §5.1): load the registry from ``--bundles-dir`` and
+Startup (architecture §1): load the registry from ``--bundles-dir`` and
 ``--models-dir`` (a failure leaves the registry unset and the role running, so
 ``/v1/configs/epoch`` still answers and ``/readyz`` says 503
 ``REGISTRY_UNAVAILABLE``, §11 caveat 8) → open the ConfigStore and read its epoch

@@ -1,7 +1,7 @@
 """Workers as one gateway knows them: the last heartbeat of each (``sie.health.>``),
 refreshed by the results they send (docs/security.md "Liveness").
 
-Feeds ``/health``, model states and counts (reference §1.9, §4.5), worker acks
+Feeds ``/health``, model states and counts (docs/api.md §7, §10), worker acks
 (architecture §6) and the provisioning rule (architecture §2). Pure bookkeeping: the
 gateway role subscribes and calls ``observe`` / ``saw``.
 """
@@ -96,7 +96,7 @@ class WorkerDirectory:
         ]
 
     def model_state(self, model_id: str) -> tuple[str, dict[str, Any] | None]:
-        """Aggregate state over live workers (reference §1.9 precedence):
+        """Aggregate state over live workers (docs/api.md §7 precedence):
         loading > unloading > loaded > failed > available."""
         states: list[str] = []
         last_error = None
@@ -109,7 +109,7 @@ class WorkerDirectory:
         return "available", last_error
 
     def model_counts(self, model_id: str) -> dict[str, int]:
-        """Loads and evictions of ``model_id`` summed over live workers (reference §4.5)."""
+        """Loads and evictions of ``model_id`` summed over live workers (docs/api.md §10)."""
         reports = self._model_reports(model_id)
         return {
             "loads": sum(m.loads for m in reports),

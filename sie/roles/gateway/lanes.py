@@ -1,7 +1,7 @@
 """Per-lane gateway telemetry: pending demand, in-flight items, admission decisions.
 
 A lane is the physical queue ``(pool, machine_profile, bundle)`` (architecture §8.2).
-What is recorded, per lane (architecture §2, §8; reference §7 KEDA triggers):
+What is recorded, per lane (architecture §2, §8; the KEDA triggers of architecture §15):
 
 - **pending demand**: requests turned away because no worker serves the lane
   (PROVISIONING) or because it is full (backpressure), so an autoscaler can wake it.
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 Lane = tuple[str, str, str]
 
-#: Seconds a pending-demand record lives without being refreshed (reference §6.1).
+#: Seconds a pending-demand record lives without being refreshed (architecture §2).
 DEMAND_TTL_S = 120.0
 #: Most distinct lanes with their own labels (the spec's 1,024-entry lane catalog, §8).
 MAX_LANES = 1024

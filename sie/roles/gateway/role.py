@@ -314,7 +314,7 @@ class GatewayRole:
         routing: Routing = DEFAULT_ROUTING,
     ) -> Collected:
         """Score ``items`` against ``query``: ONE work item carrying the query and every
-        candidate (reference §2.10). Its result is ``{"scores": [float]}`` in item order.
+        candidate (architecture §8.4). Its result is ``{"scores": [float]}`` in item order.
 
         Raises:
             as ``encode``; InvalidInput also when the model has no ``tasks.score``.

@@ -73,6 +73,6 @@ def encode_item(wi: WorkItem) -> bytes:
             except WireError:
                 field = name
                 break
-        # score requests have no params wrapper (reference §1.6)
+        # score requests have no params wrapper (docs/api.md §3)
         where = field if wi.operation == "score" else f"params.{field}"
         raise InvalidInput(f"{where}: cannot be forwarded: {exc.message}", field=where) from exc

@@ -91,7 +91,7 @@ class WorkerRole:
         ``settings``: the worker's own view; ``streams``: the work stream and consumer
         limits; ``sync``: config convergence over ``registry`` (deltas on
         ``sie.config.models.{bundle}``, plus the export reconciler when a config
-        service URL is known, architecture §6, §7); ``models``: the model cache
+        service URL is known, architecture §6, architecture §15); ``models``: the model cache
         (``sie.roles.worker.models.build_model_cache``); ``trust``: the policy each
         load is checked against.
         """

@@ -1,8 +1,8 @@
-"""The three functions on a worker: encode, score, extract (reference §1.5-§1.7, §4.6).
+"""The three functions on a worker: encode, score, extract (docs/api.md §2-§4, §10).
 
 ``run_task`` turns one work item into its result map, through the model's
 token-budget batcher so concurrent requests share engine calls. Items are grouped
-by a config key and one engine call runs per group (reference §4.6):
+by a config key and one engine call runs per group (docs/api.md §10):
 
 - encode ``("encode", output types, options)``; payload ``(text, options, tokens)``;
 - score ``("score", instruction, options)``; payload ``(pairs, options)``: every
@@ -120,7 +120,7 @@ def engine_batch_fn(engine: Engine) -> Callable[[Hashable, Sequence[Any]], list[
 
 
 def _options(item: WorkItem, entry: ModelEntry) -> dict[str, Any]:
-    """Profile runtime options overlaid by the request's (reference §1.5 precedence)."""
+    """Profile runtime options overlaid by the request's (docs/api.md §2 precedence)."""
     return {**entry.profile.runtime, **(item.options if isinstance(item.options, dict) else {})}
 
 
@@ -175,7 +175,7 @@ async def _encode(item: WorkItem, entry: ModelEntry, loaded: LoadedModel) -> Tas
     instruction = item.instruction or options.get("instruction")
     is_query = bool(item.is_query if item.is_query is not None else options.get("is_query", False))
     # is_query stays visible to the engine (SPLADE encodes queries and documents
-    # differently) and splits batch groups (reference §4.6 key)
+    # differently) and splits batch groups (docs/api.md §10 key)
     engine_options = {**_engine_options(options), "is_query": is_query}
     t_tok = time.monotonic()
     prep = functools.partial(
@@ -243,7 +243,7 @@ async def _score(item: WorkItem, entry: ModelEntry, loaded: LoadedModel) -> Task
 
     async def one(i: int, chunk: list[str]) -> None:
         nonlocal inference_s, cost
-        # cost ~ tokens: characters / 4 per pair (reference §4.6 scores by characters)
+        # cost ~ tokens: characters / 4 per pair (docs/api.md §10 scores by characters)
         c = sum(max(1, (len(query) + len(d)) // 4) for d in chunk)
         pairs = [(query, d) for d in chunk]
         results[i], stats = await loaded.batcher.submit((pairs, engine_options), c, key)
