@@ -43,6 +43,7 @@ class _InFlight:
     done: anyio.Event = field(default_factory=anyio.Event)
     error: BaseException | None = None
     cancelled: bool = False
+    holders: int = 1  # the owner plus the requests waiting on it
 
 
 class IdempotencyCache:
@@ -55,6 +56,11 @@ class IdempotencyCache:
 
     def __len__(self) -> int:
         return len(self._done)
+
+    def in_flight(self, key: str) -> int:
+        """Requests holding ``key`` now: its owner plus those waiting on it (0: none)."""
+        record = self._inflight.get(key)
+        return record.holders if record is not None else 0
 
     def _cached(self, key: str, digest: str) -> Reply | None:
         hit = self._done.get(key)
@@ -86,7 +92,11 @@ class IdempotencyCache:
                     f"Idempotency-Key {key!r} is in flight with a different body",
                     field="Idempotency-Key",
                 )
-            await owner.done.wait()
+            owner.holders += 1
+            try:
+                await owner.done.wait()
+            finally:
+                owner.holders -= 1
             if owner.cancelled:
                 raise IdempotentInflightCancelled(
                     f"the request holding Idempotency-Key {key!r} was cancelled before it "

@@ -285,7 +285,7 @@ async def test_no_keepalive_when_admitted_at_once_or_before_the_interval() -> No
     gate.update(MODEL, EngineState(running=4, waiting=0, kv_usage=0.1))
     async with anyio.create_task_group() as tg:
         out = start_admit(tg, gate, on_keepalive=keepalive)
-        await anyio.sleep(0.05)
+        await until(lambda: gate.parked(MODEL) == 1)
         gate.update(MODEL, EngineState(running=0, waiting=0, kv_usage=0.1))
     assert out.decision is not None and out.decision.admit and calls == []
 

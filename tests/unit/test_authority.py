@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -54,6 +54,13 @@ class FlakyPublisher:
         if subject.rsplit(".", 1)[-1] in self.fail_bundles:
             raise OSError(f"publish to {subject} failed")
         await self.bus.publish(subject, data)
+
+
+async def until(pred: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Wait until ``pred()`` holds (an observable state change, polled every ms)."""
+    with anyio.fail_after(timeout_s):
+        while not pred():  # noqa: ASYNC110 - polling a test predicate
+            await anyio.sleep(0.001)
 
 
 @pytest.fixture
@@ -374,7 +381,7 @@ async def test_waiters_see_the_owners_failure_not_a_success(bus: MemoryBus) -> N
     async with anyio.create_task_group() as tg:
         for _ in range(3):
             tg.start_soon(one)
-        await anyio.sleep(0.1)
+        await until(lambda: a.idempotency.in_flight("k") == 3)  # the owner and two waiters
         gate.set()
     assert len(errors) == 3 and all(isinstance(e, StoreUnavailable) for e in errors)
     a.store.write_epoch = real  # type: ignore[method-assign]
@@ -399,9 +406,9 @@ async def test_owner_cancelled_before_commit_gives_waiters_503(bus: MemoryBus) -
                 results.append(exc)
 
         tg.start_soon(owner)
-        await anyio.sleep(0.05)
+        await until(lambda: a.idempotency.in_flight("k") == 1)
         tg.start_soon(waiter)
-        await anyio.sleep(0.05)
+        await until(lambda: a.idempotency.in_flight("k") == 2)
         owner_scope.cancel()
     assert len(results) == 1 and isinstance(results[0], IdempotentInflightCancelled)
     assert a.epoch.get() == 0
@@ -429,9 +436,9 @@ async def test_eviction_between_wake_and_read_is_not_reexecuted(bus: MemoryBus) 
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(call)
-        await anyio.sleep(0.02)
+        await until(lambda: calls == 1)
         tg.start_soon(call)
-        await anyio.sleep(0.02)
+        await until(lambda: a.idempotency.in_flight("k") == 2)
         # the owner completes and caches; capacity 0 evicts it before the waiter reads
         a.idempotency.capacity = 0
         gate.set()
