@@ -89,7 +89,8 @@ class ServeSettings(BaseModel):
     memory_budget_bytes: int | None = Field(default=None, gt=0)
     memory_budget_fraction: float = Field(default=0.85, gt=0, le=1)
     idle_evict_s: float | None = Field(default=None, gt=0)
-    ack_wait_s: float = 30.0
+    # short: a dead worker's items move within seconds; live workers keep theirs alive
+    ack_wait_s: float = Field(default=5.0, gt=0)
     max_deliver: int = 20
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     # The worker's inference thread takes the GIL back between tensor ops; Python's

@@ -90,7 +90,10 @@ ENV_DOCS: dict[str, EnvDoc] = {
         "worker: where packaged GGUF models (SmolLM2) are dequantised once",
         unset="`~/.cache/sie/models`",
     ),
-    "SIE_ACK_WAIT_S": EnvDoc("seconds before an unacked work item is redelivered"),
+    "SIE_ACK_WAIT_S": EnvDoc(
+        "seconds after a worker's last keepalive before its unsettled work items are "
+        "redelivered to another worker (a live worker renews its items every third of this)"
+    ),
     "SIE_MAX_DELIVER": EnvDoc("deliveries before a work item is given up"),
     "SIE_HEARTBEAT_INTERVAL_S": EnvDoc("worker heartbeat period, seconds"),
     "SIE_GIL_SWITCH_INTERVAL_MS": EnvDoc(
@@ -157,7 +160,7 @@ ENV_DOCS: dict[str, EnvDoc] = {
         "admin token: config writes, export; presented by gateways to the config role"
     ),
     "SIE_AUTH_EXEMPT_OPERATIONAL": EnvDoc(
-        "gateway: leave `/health` and `/metrics` open without a token (and `/`, `/ws/*`, kept for the status page)"
+        "gateway: leave `/health` and `/metrics` open without a token"
     ),
     "SIE_ADMISSION_OBSERVE_MODELS": EnvDoc(
         "gateway: generation models gated on their engine's state (comma-separated); unset: gate off",

@@ -4,7 +4,7 @@ config, two gateways and two workers run as five `sie serve` processes on one re
 nats-server; gateways and workers have no seed and bootstrap from the config role.
 200 concurrent encodes, spread over both gateways, equal the in-process model and are
 served by both workers; then a worker is
-SIGKILLed mid-flight and every request still ends in a 200 or a retryable 503/504
+SIGKILLed mid-flight and every request still ends in a 200 (default settings)
 (its unacked items are redelivered to the other worker), none lost, none hanging.
 """
 
@@ -29,7 +29,7 @@ from tests.natsserver import NatsServer, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-REQUEST_TIMEOUT_S = 20
+REQUEST_TIMEOUT_S = 30  # the gateway's default (SIE_GATEWAY_REQUEST_TIMEOUT)
 
 
 class Topology:
@@ -53,7 +53,7 @@ class Topology:
                 *args,
             ],
             cwd=ROOT,
-            env={**os.environ, "SIE_HEARTBEAT_INTERVAL_S": "0.5", **env},
+            env={**os.environ, **env},  # default settings: the test is about the defaults
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -85,7 +85,6 @@ class Topology:
                 "--port",
                 str(port),
                 SIE_CONFIG_SERVICE_URL=config_url,
-                SIE_GATEWAY_REQUEST_TIMEOUT=str(REQUEST_TIMEOUT_S),
             )
         for w in ("w1", "w2"):
             self.spawn(
@@ -95,7 +94,6 @@ class Topology:
                 MINILM,
                 SIE_CONFIG_SERVICE_URL=config_url,
                 SIE_WORKER_ID=w,
-                SIE_ACK_WAIT_S="3",
             )
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
@@ -190,9 +188,12 @@ def test_two_workers_share_a_lane_and_survive_a_kill(topology: Topology, st_mode
     took = time.monotonic() - t0
     codes = [r.status_code if isinstance(r, httpx.Response) else type(r).__name__ for r in replies]
     counts = {c: codes.count(c) for c in set(codes)}
-    assert set(counts) <= {200, 503, 504}, counts  # nothing lost, nothing else
-    assert sum(counts.values()) == 200
-    assert counts.get(200, 0) >= 150, counts  # redelivery to w2 completes almost all
-    assert took < REQUEST_TIMEOUT_S + 10  # none hangs past the request timeout
+    # nothing lost: the dead worker's items move to w2 within an ack wait (5 s by default)
+    assert counts == {200: 200}, counts
+    assert took < 15, took
+    got = np.array([r.json()["items"][0]["dense"]["values"] for r in replies], dtype=np.float32)  # type: ignore[union-attr]
+    np.testing.assert_allclose(
+        got, st_model.encode([f"during the kill {i}" for i in range(200)]), atol=1e-5
+    )
     assert killed.poll() is not None
     print(f"kill phase: {counts} in {took:.1f}s")

@@ -113,6 +113,9 @@ class WorkerRole:
         self._last_resync = 0.0
         # request ids abandoned by their gateway, and the live work of each request
         self.cancels = Cancellations()
+        # messages this worker holds (pulled, not yet settled): kept alive with
+        # in_progress so only a dead or hung worker's items are redelivered
+        self._held: dict[int, JsMsg] = {}
         self.ready = False
 
     def _notify(self) -> None:
@@ -149,6 +152,7 @@ class WorkerRole:
             await self._await_bundle()
             preload = [self.registry.resolve(m)[0] for m in s.preload]  # unknown id: fail
             tg.start_soon(self._heartbeats)
+            tg.start_soon(self._keep_held_alive)
             consumer = await self._attach()
             for entry in preload:
                 try:
@@ -305,8 +309,23 @@ class WorkerRole:
             return
         self.metrics.work_items.labels(item.model_id, "cancelled").inc()
 
+    async def _keep_held_alive(self) -> None:
+        """Every third of ``SIE_ACK_WAIT_S``, mark each held message in progress (the
+        broker restarts its ack timer): a live worker's items, however long they wait
+        in its batcher, are never redelivered behind its back, while a dead or hung
+        worker's are, one ack wait after its last keepalive (docs/topologies.md)."""
+        interval = max(0.1, self.streams.ack_wait_s / 3)
+        while True:
+            await anyio.sleep(interval)
+            for msg in list(self._held.values()):
+                try:
+                    await msg.in_progress()
+                except Exception as exc:  # settled meanwhile, or the bus is away
+                    log.debug("in_progress on %s: %s", msg.subject, exc)
+
     async def _handle(self, msg: JsMsg, item: WorkItem | None = None) -> None:
         """Settle one message; nothing raised here may stop the worker."""
+        self._held[id(msg)] = msg
         try:
             await self._handle_one(msg, item)
         except Exception:
@@ -319,6 +338,7 @@ class WorkerRole:
                 except BusError:
                     pass
         finally:
+            self._held.pop(id(msg), None)
             self._inflight.release()
 
     async def _handle_one(self, msg: JsMsg, decoded: WorkItem | None = None) -> None:
