@@ -122,7 +122,7 @@ class Metrics:
             registry=self.registry,
         )
 
-        # config convergence (architecture §4, §15; architecture §15)
+        # config convergence (architecture §4, §15)
         self.config_epoch = Gauge(
             "sie_config_epoch", "Local config epoch", ["role"], registry=self.registry
         )

@@ -75,7 +75,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 audit = logging.getLogger("sie.audit")
 
-#: Body cap of ``POST /v1/configs/models`` (architecture §3 / architecture §3): 1 MiB.
+#: Body cap of ``POST /v1/configs/models`` (architecture §3): 1 MiB.
 MAX_CONFIG_BODY_BYTES = 1024 * 1024
 #: Structural items one config body may have: line breaks (``\n``, ``\r``, ``\r\n``
 #: once, NEL, LS, PS) plus ``,``, ``[`` and ``{`` (``sie.core.config.structural_tokens``),
@@ -164,7 +164,7 @@ class ConfigAuthority:
 
     async def export(self) -> dict[str, Any]:
         """The authoritative snapshot, taken under the write lock so ``(epoch, models)``
-        is a real serialisation point (architecture §3; architecture §7).
+        is a real serialisation point (architecture §3, §7).
 
         Raises:
             RegistryUnavailable.

@@ -1,4 +1,4 @@
-"""``Idempotency-Key`` handling for config writes (architecture §3 "Idempotency"; architecture §3).
+"""``Idempotency-Key`` handling for config writes (architecture §3 "Idempotency").
 
 - same key + same body (SHA-256 of the raw bytes) → the cached response, never re-executed;
 - same key + different body → 422 ``IDEMPOTENCY_MISMATCH``;

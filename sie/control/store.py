@@ -1,4 +1,4 @@
-"""ConfigStore: durable model configs and the epoch on fsspec (architecture §9; architecture §9).
+"""ConfigStore: durable model configs and the epoch on fsspec (architecture §9).
 
 Layout under ``base`` (any fsspec URL: a local path, ``memory://``, ``s3://``,
 ``gs://`` when that backend's package is installed)::

@@ -1,4 +1,4 @@
-"""Cross-service config fingerprints (architecture §7; architecture §7).
+"""Cross-service config fingerprints (architecture §7).
 
 ``bundle_config_hash`` = SHA-256 hex over the compact, sorted-keys, UTF-8 JSON of::
 

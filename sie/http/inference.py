@@ -27,6 +27,7 @@ from starlette.responses import Response
 
 from sie.core.errors import InvalidInput, SieError
 from sie.core.templates import check_template
+from sie.http.disconnect import CLIENT_CLOSED_REQUEST, until_disconnect
 from sie.http.negotiation import read_payload, render, validate
 from sie.http.schemas import (
     EncodeParams,
@@ -96,7 +97,11 @@ async def _handle(
         req = await read_payload(
             request, gateway.limits.max_body_bytes, lambda p: validate(schema, p)
         )
-        response = await run(gateway, model, req)
+        # a client that leaves while the workers compute abandons its request (work_cancel)
+        response = await until_disconnect(request, lambda: run(gateway, model, req))
+        if response is None:
+            status = str(CLIENT_CLOSED_REQUEST)
+            return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it
         status = "200"
         return response
     except SieError as exc:

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sie.core.errors import InvalidInput, ModelNotFound, SieError
+from sie.http.disconnect import CLIENT_CLOSED_REQUEST, until_disconnect
 from sie.http.negotiation import FastJSONResponse, read_payload, validate
 from sie.http.schemas import EmbeddingsRequest
 from sie.roles.gateway import GatewayRole, Routing
@@ -126,13 +127,18 @@ async def _embeddings(request: Request, gateway: GatewayRole) -> Response:
             raise InvalidInput(
                 f"dimensions: must be at most {native} for model {req.model!r}", field="dimensions"
             )
-    collected = await gateway.encode(
-        req.model,
-        [{"text": t} for t in texts],
-        output_types=["dense"],
-        is_query=False,
-        routing=Routing(request_id=request.state.request_id),
+    collected = await until_disconnect(  # a client that leaves abandons the request
+        request,
+        lambda: gateway.encode(
+            req.model,
+            [{"text": t} for t in texts],
+            output_types=["dense"],
+            is_query=False,
+            routing=Routing(request_id=request.state.request_id),
+        ),
     )
+    if collected is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it
     data = []
     for i, result in enumerate(collected.results):
         vec = np.asarray(result.result()["dense"]["values"], dtype=np.float32)

@@ -9,6 +9,7 @@ write that the gateway serves without a restart.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -123,3 +124,20 @@ def test_a_config_write_is_served_without_a_restart(bus_stack: Stack) -> None:
         f"{bus_stack.base_url}/v1/encode/{MINILM}:flows", {"items": [{"text": "x"}]}, timeout_s=15
     )
     assert len(r.json()["items"][0]["dense"]["values"]) == 384
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+def test_generation_on_a_model_that_cannot_generate_is_a_fast_400(
+    c: httpx.Client, route: str
+) -> None:
+    # decided by the gateway from the config: no work queued, no model loaded
+    body: dict[str, Any] = {"model": RAMPART, "max_tokens": 4}
+    body.update(
+        {"messages": [{"role": "user", "content": "hi"}]} if "chat" in route else {"prompt": "hi"}
+    )
+    t0 = time.monotonic()
+    r = c.post(route, json=body)
+    took = time.monotonic() - t0
+    assert r.status_code == 400, r.text
+    assert "does not generate text" in r.text and "json" in r.text  # what it offers
+    assert took < 0.5, took  # issue 13: under 100 ms on a fresh server; loose bound for CI

@@ -28,6 +28,7 @@ from opentelemetry import propagate
 from sie.core.admission import EngineState
 from sie.core.errors import (
     GatewayTimeout,
+    InvalidInput,
     Provisioning,
     QueueUnavailable,
     SieError,
@@ -239,6 +240,13 @@ class GenerationDispatch:
     ) -> AsyncIterator[GenerationStream]:
         gw = self
         entry, bundle = gw.registry.resolve(model_id)
+        if entry.config.tasks.generate is None:  # decided from the config: nothing queued
+            offers = ", ".join(entry.config.outputs) or "nothing"
+            raise InvalidInput(
+                f"model {entry.model_id!r} does not generate text (no tasks.generate); "
+                f"it offers {offers}",
+                field="model",
+            )
         pool_, profile = lane_of(entry, pool, machine_profile, self.default_machine_profile)
         lane = gw.lanes.lane(pool_, profile, bundle)
         try:
