@@ -201,3 +201,48 @@ async def test_cancelling_the_loop_waits_for_engine_calls_in_flight() -> None:
         assert await anyio.to_thread.run_sync(engine.two_running.wait, 2)
         tg.cancel_scope.cancel()
     assert engine.finished == 2 and engine.active == 0  # run returned after both ended
+
+
+async def test_round_robin_over_owners_a_small_request_rides_the_next_batch() -> None:
+    """Batches are filled one item per owner in turn: a one-item request queued behind
+    a 1,000-item one leaves in the next batch, not after the whole large request."""
+    rec = Recorder(delay_s=0.01)
+    b = TokenBudgetBatcher(rec, max_batch_tokens=10_000, max_batch_requests=8, max_wait_s=0.001)
+    async with anyio.create_task_group() as tg:
+        await tg.start(b.run)
+        async with anyio.create_task_group() as inner:
+            for i in range(1000):
+                inner.start_soon(b.submit, f"big{i}", 1, None, "big")
+            await until_queued(b, 500)  # the big request is queued (a batch may be out)
+            inner.start_soon(b.submit, "small", 1, None, "small")
+        tg.cancel_scope.cancel()
+    batches = [ps for _, ps in rec.calls]
+    at = next(i for i, ps in enumerate(batches) if "SMALL" in [p.upper() for p in ps])
+    assert at <= 2, f"the small request left in batch {at} of {len(batches)}"
+    # within one owner, first come first served
+    bigs = [p for ps in batches for p in ps if p.startswith("big")]
+    assert bigs == [f"big{i}" for i in range(1000)]
+    assert all(len(ps) <= 8 for ps in batches)
+
+
+async def test_owners_share_batches_evenly() -> None:
+    rec = Recorder(delay_s=0.005)
+    b = TokenBudgetBatcher(rec, max_batch_tokens=10_000, max_batch_requests=6, max_wait_s=0.001)
+    async with anyio.create_task_group() as tg:
+        await tg.start(b.run)
+        async with anyio.create_task_group() as inner:
+            for owner in ("a", "b", "c"):
+                for i in range(30):
+                    inner.start_soon(b.submit, f"{owner}{i}", 1, None, owner)
+        tg.cancel_scope.cancel()
+    # once all three are queued, every full batch holds two items of each
+    full = [ps for _, ps in rec.calls if len(ps) == 6]
+    assert full and all(
+        sorted(p[0] for p in ps) == ["a", "a", "b", "b", "c", "c"] for ps in full[1:-1]
+    )
+
+
+async def until_queued(b: TokenBudgetBatcher, n: int) -> None:
+    with anyio.fail_after(5):
+        while b.queued < n:  # noqa: ASYNC110 - polling the batcher's own count
+            await anyio.sleep(0.001)

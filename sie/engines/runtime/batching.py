@@ -4,7 +4,11 @@ Items from concurrent requests queue in one ``TokenBudgetBatcher`` per loaded
 model. A batch is formed when the queued cost reaches ``max_batch_tokens``, or
 ``max_batch_requests`` items are queued, or ``max_wait_s`` has passed since the
 oldest queued item, or no new item arrived for ``coalesce_s``. Items are taken
-first-come-first-served (no starvation of long texts) and grouped by a config
+round-robin over their owners (the worker passes the request id): one item of each
+request in turn, oldest request first, until the batch is full, and the next batch
+starts with the request after the last one served; within a request, first come first
+served. So a one-item request rides in the next batch however large the requests
+queued before it, and no request starves. Items are grouped by a config
 key (output types, instruction, is_query, options); one engine call runs per
 group on a worker thread. Up to ``limiter.total_tokens`` batches run at once (the
 model's engine slots, see ``sie.engines.runtime.threads``); a batch is formed only when a
@@ -17,7 +21,7 @@ flight (a thread cannot be interrupted), so the model may be unloaded after it.
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -87,23 +91,39 @@ class TokenBudgetBatcher(Generic[P, R]):
         self.coalesce_s = coalesce_s
         self._limiter = limiter or anyio.CapacityLimiter(1)
         self._on_batch = on_batch
-        self._queue: deque[_Pending[P, R]] = deque()
+        #: owner -> its queued items (FIFO); owners in round-robin order
+        self._owners: OrderedDict[Hashable, deque[_Pending[P, R]]] = OrderedDict()
+        self._count = 0  # items queued (cancelled ones until they are skipped)
+        self._cost = 0
         self._arrived = anyio.Event()
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        return self._count
 
-    async def submit(self, payload: P, cost: int, key: Hashable = None) -> tuple[R, BatchStats]:
+    async def submit(
+        self, payload: P, cost: int, key: Hashable = None, owner: Hashable = None
+    ) -> tuple[R, BatchStats]:
         """Queue one item and wait for its result.
 
+        ``owner``: whose item it is (the worker passes the request id). Batches are
+        filled round-robin over owners, one item each in turn (module docstring), so a
+        small request never waits behind a large one; None: the item is its own owner.
+
         Raises:
-            TypeError: ``key`` is not hashable.
+            TypeError: ``key`` or ``owner`` is not hashable.
             Whatever ``run_batch`` raised for this item's group.
         """
         hash(key)  # an unhashable key fails here, for this caller only (TypeError)
         item: _Pending[P, R] = _Pending(payload, max(1, cost), key, time.monotonic())
-        self._queue.append(item)
+        who: Hashable = object() if owner is None else owner  # None: an owner of its own
+        hash(who)
+        queue = self._owners.get(who)
+        if queue is None:
+            queue = self._owners[who] = deque()
+        queue.append(item)
+        self._count += 1
+        self._cost += item.cost
         self._arrived.set()
         try:
             await item.done.wait()
@@ -122,25 +142,48 @@ class TokenBudgetBatcher(Generic[P, R]):
             return True
         return False
 
+    def _pop(self, owner: Hashable) -> _Pending[P, R]:
+        queue = self._owners[owner]
+        item = queue.popleft()
+        self._count -= 1
+        self._cost -= item.cost
+        if not queue:
+            del self._owners[owner]
+        return item
+
+    def _oldest(self) -> float:
+        return min(q[0].enqueued_at for q in self._owners.values())
+
     def _take(self) -> list[_Pending[P, R]]:
+        """Round-robin over owners, one item each in turn, until the batch is full; the
+        next batch starts with the owner after the last one served."""
         batch: list[_Pending[P, R]] = []
         cost = 0
-        while self._queue and len(batch) < self.max_batch_requests:
-            nxt = self._queue[0]
-            if nxt.cancelled:
-                self._queue.popleft()
-                continue
-            if batch and cost + nxt.cost > self.max_batch_tokens:
+        while self._owners and len(batch) < self.max_batch_requests:
+            took = False
+            for owner in list(self._owners):
+                if len(batch) >= self.max_batch_requests:
+                    break
+                queue = self._owners.get(owner)
+                while queue and queue[0].cancelled:  # dropped before any work
+                    self._pop(owner)
+                    queue = self._owners.get(owner)
+                if not queue:
+                    continue
+                if batch and cost + queue[0].cost > self.max_batch_tokens:
+                    return batch
+                item = self._pop(owner)
+                batch.append(item)
+                cost += item.cost
+                took = True
+                if owner in self._owners:  # served: to the back of the rotation
+                    self._owners.move_to_end(owner)
+            if not took:
                 break
-            batch.append(self._queue.popleft())
-            cost += nxt.cost
         return batch
 
     def _full(self) -> bool:
-        return (
-            len(self._queue) >= self.max_batch_requests
-            or sum(p.cost for p in self._queue) >= self.max_batch_tokens
-        )
+        return self._count >= self.max_batch_requests or self._cost >= self.max_batch_tokens
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -151,7 +194,7 @@ class TokenBudgetBatcher(Generic[P, R]):
         async with anyio.create_task_group() as calls:
             task_status.started()
             while True:
-                while not self._queue:
+                while not self._owners:
                     self._arrived = anyio.Event()
                     await self._arrived.wait()
                 await slots.acquire()  # form the batch only once an engine slot is free
@@ -168,9 +211,9 @@ class TokenBudgetBatcher(Generic[P, R]):
     async def _form(self) -> list[_Pending[P, R]]:
         """Wait for company (``max_wait_s`` after the oldest item, ``coalesce_s`` of
         quiet, or a full budget), then take the batch."""
-        if not self._queue:
+        if not self._owners:
             return []
-        deadline = self._queue[0].enqueued_at + self.max_wait_s
+        deadline = self._oldest() + self.max_wait_s
         while not self._full():
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not await self._wait_arrival(min(self.coalesce_s, remaining)):

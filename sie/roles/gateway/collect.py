@@ -11,7 +11,13 @@ from sie.core.errors import InferenceError, error_for_code
 from sie.core.registry import ModelEntry
 from sie.core.wire import WorkResult
 
-__all__ = ["Collected", "Collector", "raise_failures"]
+__all__ = [
+    "REQUEST_WINDOW_ITEMS",
+    "Collected",
+    "Collector",
+    "raise_failures",
+    "window_credits",
+]
 
 
 @dataclass(slots=True)
@@ -23,6 +29,21 @@ class Collector:
     results: list[WorkResult | None]
     remaining: int
     done: anyio.Event = field(default_factory=anyio.Event)
+    #: for a request over ``REQUEST_WINDOW_ITEMS`` items: one credit per item it may
+    #: still publish; each arriving result returns one (``window_credits``)
+    credits: anyio.Semaphore | None = None
+
+
+#: Items of one request in the work stream and on the workers at once: a larger
+#: request publishes the rest as its results arrive, so the stream never holds a long
+#: run of one request's items and a small request's item is near the front (the
+#: worker's batcher then serves requests round-robin; docs/api.md §10).
+REQUEST_WINDOW_ITEMS = 128
+
+
+def window_credits(n: int) -> anyio.Semaphore | None:
+    """The publishing window of an ``n``-item request (None: it fits at once)."""
+    return anyio.Semaphore(REQUEST_WINDOW_ITEMS) if n > REQUEST_WINDOW_ITEMS else None
 
 
 @dataclass(slots=True)

@@ -33,10 +33,12 @@ class WorkPublisher:
         pool: str,
         work: list[tuple[str, bytes]],
         unsent: list[int],
+        credits: anyio.Semaphore | None = None,
     ) -> None:
         """Publish a request's work items with overlapping JetStream acks (at most
         ``PUBLISH_CONCURRENCY`` in flight, architecture §8.2); the first failure
-        cancels the rest and is raised."""
+        cancels the rest and is raised. With ``credits``, each item waits for one (a
+        request's publishing window: ``sie.roles.gateway.collect.window_credits``)."""
         if len(work) == 1:
             await self._publish(subject, lane, pool, *work[0], unsent)
             return
@@ -47,6 +49,8 @@ class WorkPublisher:
             # a few long-lived publishers instead of a task per item: thousands of
             # tasks per request would crowd the event loop's ready queue
             for sent, (work_item_id, data) in enumerate(items, 1):
+                if credits is not None:
+                    await credits.acquire()
                 try:
                     await self._publish(subject, lane, pool, work_item_id, data, unsent)
                 except SieError as exc:

@@ -40,7 +40,7 @@ from sie.core.subjects import (
 from sie.core.wire import Heartbeat, WorkItem, WorkResult
 from sie.roles.config_sync import run_config_sync
 from sie.roles.gateway.admission import AdmissionGate
-from sie.roles.gateway.collect import Collected, Collector, raise_failures
+from sie.roles.gateway.collect import Collected, Collector, raise_failures, window_credits
 from sie.roles.gateway.directory import WorkerDirectory
 from sie.roles.gateway.dlq import DeadLetters
 from sie.roles.gateway.generation import GenerationDispatch
@@ -170,6 +170,8 @@ class GatewayRole:
             if col.results[result.item_index] is None:
                 col.results[result.item_index] = result
                 col.remaining -= 1
+                if col.credits is not None:
+                    col.credits.release()  # room for one more of its items in the stream
                 if col.remaining == 0:
                     col.done.set()
 
@@ -414,7 +416,7 @@ class GatewayRole:
         subject = work_subject(pool, profile, bundle, model_id)
         request_id = routing.request_id or uuid7()
         reply = inbox_subject(self.router_id, request_id)
-        col = Collector(n, [None] * n, n)
+        col = Collector(n, [None] * n, n, credits=window_credits(n))
         self.lanes.add_in_flight(lane, n)
         self._pending[request_id] = col
         published = False
@@ -438,12 +440,13 @@ class GatewayRole:
             )
             work = await encode_work(first, works)
             published = True
-            await self.publisher.publish_all(subject, lane, pool, work, unsent)
-            self.lanes.clear_demand(lane)  # the lane is being served (§8)
-            publish_ms = (time.monotonic() - t0) * 1000.0
             wait_s = routing.timeout_s or self.settings.request_timeout_s
             try:
                 with anyio.fail_after(wait_s):
+                    # a large request publishes a window ahead of its results
+                    await self.publisher.publish_all(subject, lane, pool, work, unsent, col.credits)
+                    self.lanes.clear_demand(lane)  # the lane is being served (§8)
+                    publish_ms = (time.monotonic() - t0) * 1000.0
                     if not self._given_up:
                         await col.done.wait()
             except TimeoutError:
@@ -475,6 +478,9 @@ class GatewayRole:
         self._given_up = True
         for col in self._pending.values():
             col.done.set()
+            if col.credits is not None:  # a windowed publisher stops waiting too
+                for _ in range(col.total):
+                    col.credits.release()
 
     async def _abandon(self, request_id: str) -> None:
         """Best-effort ``work_cancel`` so workers drop this request's remaining items (§8)."""

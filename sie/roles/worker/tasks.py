@@ -192,7 +192,9 @@ async def _encode(item: WorkItem, entry: ModelEntry, loaded: LoadedModel) -> Tas
     tokens = counts[0]
     tokenization_ms = (time.monotonic() - t_tok) * 1000.0
     key = ("encode", output_types, freeze(engine_options))
-    vectors, stats = await loaded.batcher.submit((texts[0], engine_options, tokens), tokens, key)
+    vectors, stats = await loaded.batcher.submit(
+        (texts[0], engine_options, tokens), tokens, key, item.request_id
+    )
     dims = entry.config.dims
     blob: dict[str, Any] = {}
     for t in output_types:
@@ -246,7 +248,9 @@ async def _score(item: WorkItem, entry: ModelEntry, loaded: LoadedModel) -> Task
         # cost ~ tokens: characters / 4 per pair (docs/api.md §10 scores by characters)
         c = sum(max(1, (len(query) + len(d)) // 4) for d in chunk)
         pairs = [(query, d) for d in chunk]
-        results[i], stats = await loaded.batcher.submit((pairs, engine_options), c, key)
+        results[i], stats = await loaded.batcher.submit(
+            (pairs, engine_options), c, key, item.request_id
+        )
         inference_s += stats.inference_s
         cost += c
 
@@ -287,7 +291,9 @@ async def _extract(item: WorkItem, entry: ModelEntry, loaded: LoadedModel) -> Ta
     label_key = tuple(sorted(set(labels))) if labels is not None else None
     cost = max(1, len(text) // 4)
     key = ("extract", label_key, freeze(options))
-    entities, stats = await loaded.batcher.submit((text, labels, options), cost, key)
+    entities, stats = await loaded.batcher.submit(
+        (text, labels, options), cost, key, item.request_id
+    )
     blob = {
         "entities": entities,
         "relations": [],
