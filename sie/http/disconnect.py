@@ -6,7 +6,8 @@ route's work and cancels it the moment the server reports ``http.disconnect``; t
 gateway's cleanup then publishes ``work_cancel`` so workers drop the request's
 remaining items wherever they are (not yet pulled, waiting in the batcher, queued for
 the engine). Call it only after the body has been read: the next ASGI message is
-then the disconnect.
+then the disconnect. The server reports the end of the client's stream, so a client
+that half-closes its socket counts as gone, as with nginx.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ __all__ = ["CLIENT_CLOSED_REQUEST", "until_disconnect"]
 
 T = TypeVar("T")
 
-#: The status recorded (and "sent", to nobody) for a request its client abandoned
-#: (nginx's 499 "client closed request").
+#: The status recorded for a request its client abandoned (nginx's 499 "client closed
+#: request"); only a client that half-closed its socket still reads it (docs/api.md §1).
 CLIENT_CLOSED_REQUEST = 499
 
 

@@ -101,7 +101,9 @@ async def _handle(
         response = await until_disconnect(request, lambda: run(gateway, model, req))
         if response is None:
             status = str(CLIENT_CLOSED_REQUEST)
-            return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it
+            return Response(
+                status_code=CLIENT_CLOSED_REQUEST
+            )  # the client is gone (docs/api.md §1)
         status = "200"
         return response
     except SieError as exc:

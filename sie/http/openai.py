@@ -138,7 +138,7 @@ async def _embeddings(request: Request, gateway: GatewayRole) -> Response:
         ),
     )
     if collected is None:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it
+        return Response(status_code=CLIENT_CLOSED_REQUEST)  # the client is gone (docs/api.md §1)
     data = []
     for i, result in enumerate(collected.results):
         vec = np.asarray(result.result()["dense"]["values"], dtype=np.float32)
