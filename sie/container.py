@@ -20,6 +20,7 @@ from starlette.applications import Starlette
 from sie.control.authority import Publisher
 from sie.control.seed import load_bundles, load_models
 from sie.control.store import ConfigStore
+from sie.control.sync import ConfigSync
 from sie.core.errors import ConfigError, SieError
 from sie.core.registry import ModelRegistry
 from sie.core.trust import ConfigTrust
@@ -129,6 +130,22 @@ def _local_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def _config_sync(
+    registry: ModelRegistry,
+    settings: ServeSettings,
+    config_service_url: str | None,
+    metrics: Metrics,
+    role: str,
+) -> ConfigSync:
+    return build_config_sync(
+        registry,
+        settings.sync_view(),
+        config_service_url=config_service_url,
+        metrics=metrics,
+        role=role,
+    )
+
+
 def build_gateway_role(
     bus: Bus,
     registry: ModelRegistry,
@@ -146,13 +163,7 @@ def build_gateway_role(
         gateway,
         streams=settings.view(BusSettings),
         limits=settings.view(LimitsSettings),
-        sync=build_config_sync(
-            registry,
-            settings.sync_view(),
-            config_service_url=config_service_url,
-            metrics=metrics,
-            role="gateway",
-        ),
+        sync=_config_sync(registry, settings, config_service_url, metrics, "gateway"),
         admission=AdmissionGate(admission_config(settings.view(AdmissionSettings)), metrics),
         directory=WorkerDirectory(gateway.heartbeat_interval_s),
         metrics=metrics,
@@ -179,13 +190,7 @@ def build_worker_role(
         worker,
         metrics,
         streams=settings.view(BusSettings),
-        sync=build_config_sync(
-            registry,
-            settings.sync_view(),
-            config_service_url=config_service_url,
-            metrics=metrics,
-            role="worker",
-        ),
+        sync=_config_sync(registry, settings, config_service_url, metrics, "worker"),
         models=build_model_cache(registry, worker, metrics, policy),
         trust=policy,
     )
