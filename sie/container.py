@@ -11,6 +11,8 @@ stay on the stream for redelivery.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from dataclasses import dataclass, field
 
 import anyio
@@ -50,11 +52,13 @@ from sie.settings_views import (
 from sie.telemetry import METRICS, Metrics
 from sie.transport.base import Bus
 from sie.transport.memory import MemoryBus
+from sie.transport.payloads import FsspecPayloadStore, PayloadStore
 
 __all__ = [
     "Container",
     "Running",
     "build_gateway_role",
+    "build_payload_store",
     "build_registry",
     "build_worker_role",
     "open_config_role",
@@ -94,6 +98,20 @@ def build_bus(settings: ServeSettings) -> Bus:
     except ImportError as exc:
         raise ConfigError(str(exc), field="bus") from exc
     return NatsBus(settings.nats_url, name=f"sie-{'-'.join(settings.roles)}")
+
+
+def build_payload_store(settings: ServeSettings) -> PayloadStore:
+    """Where work items over the bus's ``max_payload`` go (docs/api.md §12):
+    ``SIE_PAYLOAD_STORE_URL``, else ``memory://`` for the one-process memory bus and a
+    directory under the system temp dir for NATS (processes on one machine; workers on
+    other machines need a shared URL such as ``s3://…``)."""
+    url = settings.payload_store_url
+    if not url:
+        if settings.bus == "memory":
+            url = "memory://sie-payloads"
+        else:
+            url = os.path.join(tempfile.gettempdir(), "sie-payloads")
+    return FsspecPayloadStore(url)
 
 
 @dataclass
@@ -153,6 +171,7 @@ def build_gateway_role(
     *,
     config_service_url: str | None = None,
     metrics: Metrics = METRICS,
+    payloads: PayloadStore | None = None,
 ) -> GatewayRole:
     """A gateway role with its collaborators built from ``settings``' views: config
     sync, the admission gate and the worker directory (docs/architecture.md §1). No I/O."""
@@ -166,6 +185,7 @@ def build_gateway_role(
         sync=_config_sync(registry, settings, config_service_url, metrics, "gateway"),
         admission=AdmissionGate(admission_config(settings.view(AdmissionSettings)), metrics),
         directory=WorkerDirectory(gateway.heartbeat_interval_s),
+        payloads=payloads if payloads is not None else build_payload_store(settings),
         metrics=metrics,
     )
 
@@ -178,6 +198,7 @@ def build_worker_role(
     *,
     config_service_url: str | None = None,
     trust: ConfigTrust | None = None,
+    payloads: PayloadStore | None = None,
 ) -> WorkerRole:
     """A worker role with its collaborators built from ``settings``' views: config
     sync and the model cache; ``trust`` defaults to the policy ``settings`` describe
@@ -193,6 +214,7 @@ def build_worker_role(
         sync=_config_sync(registry, settings, config_service_url, metrics, "worker"),
         models=build_model_cache(registry, worker, metrics, policy),
         trust=policy,
+        payloads=payloads if payloads is not None else build_payload_store(settings),
     )
 
 
@@ -261,6 +283,7 @@ class Container:
         # what config writers may ask of workers: checked at write (config role) and at
         # every load (worker); docs/security.md "Trust model"
         self.trust = config_trust(settings) if {"config", "worker"} & set(settings.roles) else None
+        self.payloads = build_payload_store(settings)  # shared by gateway and worker
 
     def _seed_registry(self) -> ModelRegistry:
         return self._registry if self._registry is not None else build_registry(self.settings)
@@ -309,6 +332,7 @@ class Container:
                         s,
                         config_service_url=running.config_url,
                         metrics=self.metrics,
+                        payloads=self.payloads,
                     )
                     await roles.start(running.gateway.run)
                 if "worker" in s.roles:
@@ -319,6 +343,7 @@ class Container:
                         self.metrics,
                         config_service_url=running.config_url,
                         trust=self.trust,
+                        payloads=self.payloads,
                     )
                     await roles.start(running.worker.run)
                 if running.gateway is not None:

@@ -79,6 +79,8 @@ class ServeSettings(BaseModel):
     stream_max_msgs: int = 100_000
     stream_storage: Literal["memory", "file"] = "memory"
     stream_replicas: int = Field(default=1, ge=1, le=5)
+    # work items over the bus's max_payload, by reference (docs/api.md §12); "" = derived
+    payload_store_url: str = ""
     # worker
     max_batch_requests: int = Field(default=64, gt=0)
     max_batch_wait_ms: float = Field(default=10.0, ge=0)
@@ -314,6 +316,7 @@ ENV_VARS: dict[str, str] = {
     "SIE_GATEWAY_LANE_BACKPRESSURE_ENFORCE": "lane_backpressure_enforce",
     "SIE_STREAM_MAX_AGE_S": "stream_max_age_s",
     "SIE_STREAM_MAX_MSGS": "stream_max_msgs",
+    "SIE_PAYLOAD_STORE_URL": "payload_store_url",
     "SIE_STREAM_STORAGE": "stream_storage",
     "SIE_STREAM_REPLICAS": "stream_replicas",
     "SIE_MAX_BATCH_REQUESTS": "max_batch_requests",

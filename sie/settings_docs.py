@@ -73,6 +73,10 @@ ENV_DOCS: dict[str, EnvDoc] = {
     ),
     "SIE_STREAM_MAX_AGE_S": EnvDoc("work stream `max_age`, seconds"),
     "SIE_STREAM_MAX_MSGS": EnvDoc("work stream `max_msgs` (discard new)"),
+    "SIE_PAYLOAD_STORE_URL": EnvDoc(
+        "gateway and worker (the same value): fsspec URL where work items over the bus's `max_payload` are stored by reference (`s3://…`, `gs://…`, a shared directory; [api.md](api.md) §12)",
+        unset="`memory://` with the memory bus; `<temp dir>/sie-payloads` with NATS (processes on one machine only)",
+    ),
     "SIE_MAX_BATCH_REQUESTS": EnvDoc("items per engine call cap"),
     "SIE_MAX_BATCH_WAIT_MS": EnvDoc("longest wait for batch company, milliseconds"),
     "SIE_MAX_CONCURRENT_REQUESTS": EnvDoc("work items in flight per worker"),

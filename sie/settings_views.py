@@ -46,6 +46,7 @@ class BusSettings(SettingsView):
     max_stream_pending: int
     ack_wait_s: float
     max_deliver: int
+    payload_store_url: str
 
 
 class LimitsSettings(SettingsView):

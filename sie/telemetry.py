@@ -122,6 +122,26 @@ class Metrics:
             registry=self.registry,
         )
 
+        # large payloads (docs/api.md §12)
+        self.chunk_reserved_bytes = Gauge(
+            "sie_gateway_queue_result_chunk_reserved_bytes",
+            "Bytes reserved by chunked results being reassembled (limit 256 MiB per process)",
+            registry=self.registry,
+        )
+        self.chunk_rejections = Counter(
+            "sie_gateway_queue_result_chunk_rejections_total",
+            "Chunked results refused, by reason (global_budget, request_budget, conflict, "
+            "digest, length, malformed, identity, too_large, decode)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.payload_refs = Counter(
+            "sie_payload_refs_total",
+            "Work items sent by reference through the payload store, by role and outcome",
+            ["role", "outcome"],
+            registry=self.registry,
+        )
+
         # config convergence (architecture §4, §15)
         self.config_epoch = Gauge(
             "sie_config_epoch", "Local config epoch", ["role"], registry=self.registry

@@ -105,10 +105,14 @@ class Stack:
 
 
 @contextmanager
-def run_stack(*, wait_worker: bool = True, **overrides: Any) -> Iterator[Stack]:
+def run_stack(
+    *, wait_worker: bool = True, bus_instance: Any = None, **overrides: Any
+) -> Iterator[Stack]:
     """Start an all-in-one (or partial) SIE in-process; stop it on exit.
 
-    ``wait_worker``: return only once the worker is ready (attached and preloaded).
+    ``wait_worker``: return only once the worker is ready (attached and preloaded);
+    ``bus_instance``: a bus to use instead of the one the settings name (e.g. a ``MemoryBus``
+    with a small ``max_payload``).
     """
     values: dict[str, Any] = {
         "roles": ("gateway", "config", "worker"),
@@ -126,7 +130,9 @@ def run_stack(*, wait_worker: bool = True, **overrides: Any) -> Iterator[Stack]:
     metrics = Metrics()  # per stack: /metrics shows this stack's counts only
     with start_blocking_portal() as portal:
         shutdown = portal.call(anyio.Event)
-        future, running = portal.start_task(Container(settings, metrics=metrics).run, shutdown)
+        future, running = portal.start_task(
+            Container(settings, bus=bus_instance, metrics=metrics).run, shutdown
+        )
         try:
             if running.worker is not None and wait_worker:
                 deadline = time.monotonic() + 120

@@ -31,9 +31,13 @@ def free_port() -> int:
 
 
 class NatsServer:
-    def __init__(self, store_dir: Path, port: int | None = None) -> None:
+    def __init__(
+        self, store_dir: Path, port: int | None = None, *, max_payload: int | None = None
+    ) -> None:
+        """``max_payload``: the broker's per-message limit in bytes (NATS default 1 MiB)."""
         self.store_dir = store_dir
         self.port = port or free_port()
+        self.max_payload = max_payload
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = store_dir / "nats.log"
 
@@ -44,17 +48,22 @@ class NatsServer:
     def start(self) -> None:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         out = open(self.log, "ab")  # noqa: SIM115 - owned by the child
+        args = [
+            nats_server_binary(),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-js",
+            "-sd",
+            str(self.store_dir),
+        ]
+        if self.max_payload is not None:
+            conf = self.store_dir / "nats.conf"
+            conf.write_text(f"max_payload: {self.max_payload}\n")
+            args += ["-c", str(conf)]
         self.proc = subprocess.Popen(
-            [
-                nats_server_binary(),
-                "-a",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "-js",
-                "-sd",
-                str(self.store_dir),
-            ],
+            args,
             stdout=out,
             stderr=subprocess.STDOUT,
         )

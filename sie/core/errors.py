@@ -47,6 +47,8 @@ Tree::
     ├── GatewayTimeout             504 GATEWAY_TIMEOUT    (retryable, Retry-After 5)
     ├── ShuttingDown               503 SHUTTING_DOWN      (retryable, Retry-After 5)
     ├── AdmissionRejected          503 ENGINE_SATURATED   (parked past the limit; Retry-After 5)
+    ├── PayloadUnavailable         503 PAYLOAD_UNAVAILABLE (payload store failed; Retry-After 5)
+    ├── TransportFailure           503 TRANSPORT_FAILURE  (an invalid chunked result; no Retry-After)
     └── WireError                  400 INVALID_PAYLOAD    (undecodable msgpack / JSON)
 """
 
@@ -78,6 +80,7 @@ __all__ = [
     "ModelNotFound",
     "ParseError",
     "PayloadTooLarge",
+    "PayloadUnavailable",
     "Provisioning",
     "PublisherUnavailable",
     "QueueUnavailable",
@@ -87,6 +90,7 @@ __all__ = [
     "ShuttingDown",
     "SieError",
     "StoreUnavailable",
+    "TransportFailure",
     "Unauthorized",
     "UnroutableModel",
     "UnsupportedMediaType",
@@ -349,6 +353,22 @@ class AdmissionRejected(SieError):
     retry_after_s = 5
 
 
+class PayloadUnavailable(SieError):
+    """A work item's offloaded payload could not be stored or fetched (docs/api.md §12)."""
+
+    code = "PAYLOAD_UNAVAILABLE"
+    status = 503
+    retry_after_s = 5
+
+
+class TransportFailure(SieError):
+    """A result arrived in chunks that do not fit together (docs/api.md §12): the
+    request fails closed at once, with a static message and no retry hint."""
+
+    code = "TRANSPORT_FAILURE"
+    status = 503
+
+
 class UpstreamError(InferenceError):
     """An upstream OpenAI-compatible server failed: an error status, a broken or
     truncated stream (502)."""
@@ -403,6 +423,8 @@ _BY_CODE: dict[str, type[SieError]] = {
         Provisioning,
         ShuttingDown,
         AdmissionRejected,
+        PayloadUnavailable,
+        TransportFailure,
         UpstreamError,
         UpstreamUnavailable,
     )

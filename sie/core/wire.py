@@ -260,7 +260,8 @@ class WorkItem(_Message):
     score_items: list[dict[str, Any]] | None = None
     labels: list[str] | None = None
     output_schema: dict[str, Any] | None = None
-    accepts_result_chunks: bool | None = None
+    accepts_result_chunks: bool | None = None  # result_chunk_v1 (sie.core.chunks)
+    payload_ref: str | None = None  # the whole item in the payload store (docs/api.md §12)
     traceparent: str | None = None
     tracestate: str | None = None
 
@@ -291,6 +292,7 @@ class WorkResult(_Message):
     worker_id: str | None = None
     input_tokens: int | None = None
     bundle_config_hash: str | None = None
+    payload_fetch_ms: float | None = None  # fetching a payload_ref'd item
 
     def result(self) -> dict[str, Any]:
         """Decode ``result_msgpack``.

@@ -1,4 +1,4 @@
-"""The one table from errors to HTTP responses (architecture §2; docs/api.md §11).
+"""The one table from errors to HTTP responses (architecture §2; docs/api.md §12).
 
 Envelopes:
 - SIE-native 4xx (validation, routing): ``{"detail": {"code", "message", ...}}``.

@@ -44,7 +44,7 @@ __all__ = ["encode", "extract", "score"]
 
 def _timing_headers(c: Collected) -> dict[str, str]:
     t = c.timing()
-    return {
+    headers = {
         "X-SIE-Worker": ",".join(c.workers) or "unknown",
         "X-Queue-Publish-Time": f"{t['publish_ms']:.1f}",
         "X-Queue-Time": f"{t['queue_ms']:.1f}",
@@ -52,6 +52,10 @@ def _timing_headers(c: Collected) -> dict[str, str]:
         "X-Tokenization-Time": f"{t['tokenization_ms']:.1f}",
         "X-Total-Time": f"{t['total_ms']:.1f}",
     }
+    fetch_ms = c.payload_fetch_ms()
+    if fetch_ms is not None:  # only when an item went by reference (docs/api.md §12)
+        headers["X-Payload-Fetch-Time"] = f"{fetch_ms:.1f}"
+    return headers
 
 
 def _profile_target(gateway: GatewayRole, model: str, profile: str | None, where: str) -> str:

@@ -19,7 +19,7 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sie.core.errors import InvalidInput, ModelNotFound, SieError
+from sie.core.errors import InvalidInput, ModelNotFound, PayloadTooLarge, SieError
 from sie.http.disconnect import CLIENT_CLOSED_REQUEST, until_disconnect
 from sie.http.negotiation import FastJSONResponse, read_payload, validate
 from sie.http.schemas import EmbeddingsRequest
@@ -103,6 +103,11 @@ async def embeddings(request: Request) -> Response:
         metrics.request_duration.labels("embeddings").observe(time.monotonic() - started)
 
 
+#: Bytes of encode results ``/v1/embeddings`` buffers before reshaping them (docs/api.md
+#: §6): the reply grows with the inputs, so it has its own bound, apart from the body's.
+MAX_COMPAT_RESPONSE_BODY = 16 * 1024 * 1024
+
+
 async def _embeddings(request: Request, gateway: GatewayRole) -> Response:
     def check(payload: Any) -> EmbeddingsRequest:
         _check_input(payload)
@@ -139,6 +144,13 @@ async def _embeddings(request: Request, gateway: GatewayRole) -> Response:
     )
     if collected is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)  # the client is gone (docs/api.md §1)
+    if (size := collected.result_bytes()) > MAX_COMPAT_RESPONSE_BODY:
+        raise PayloadTooLarge(
+            f"the embeddings of these {len(texts)} inputs take {size} bytes, over the "
+            f"{MAX_COMPAT_RESPONSE_BODY}-byte reply limit of /v1/embeddings; send fewer "
+            "inputs per request (encoding_format=base64 does not change this limit)",
+            field="input",
+        )
     data = []
     for i, result in enumerate(collected.results):
         vec = np.asarray(result.result()["dense"]["values"], dtype=np.float32)

@@ -8,6 +8,11 @@ Core pub/sub
     later message whose subject matches (``*`` = one token, ``>`` = one or more
     trailing tokens). No replay, no acks.
 
+Message size
+    ``max_payload`` is the most bytes one message's data may hold (NATS: the broker's
+    ``max_payload`` from its INFO, 1 MiB by default). ``publish`` and ``js_publish``
+    raise ``PayloadTooLargeError`` for a larger one, before sending anything.
+
 Work-queue streams
     ``add_stream`` creates or reconciles a stream (WorkQueue retention: a message
     is deleted once acked). ``js_publish`` stores a message and returns its
@@ -34,6 +39,8 @@ from sie.core.errors import QueueUnavailable
 from sie.core.subjects import DEAD_LETTERS_STREAM, DLQ_PREFIX, stream_name, stream_subjects
 
 __all__ = [
+    "DEFAULT_MAX_PAYLOAD",
+    "MESSAGE_HEADROOM_BYTES",
     "Bus",
     "BusError",
     "ConsumerConfig",
@@ -41,12 +48,14 @@ __all__ = [
     "JsMsg",
     "Msg",
     "NoStreamError",
+    "PayloadTooLargeError",
     "PubAck",
     "PullConsumer",
     "StreamConfig",
     "StreamFullError",
     "StreamInfo",
     "Subscription",
+    "data_limit",
     "dead_letter_stream_config",
     "work_stream_config",
 ]
@@ -58,6 +67,22 @@ class BusError(QueueUnavailable):
 
 class NoStreamError(BusError):
     """No stream captures the subject (NATS: no responders)."""
+
+
+class PayloadTooLargeError(BusError):
+    """A message over the bus's ``max_payload`` (nothing was sent)."""
+
+
+#: ``max_payload`` until a broker says otherwise (NATS's default, 1 MiB).
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+#: Bytes of a message kept free for headers (``Nats-Msg-Id``, trace context) and the
+#: protocol line: data up to ``max_payload - MESSAGE_HEADROOM_BYTES`` always fits.
+MESSAGE_HEADROOM_BYTES = 8 * 1024
+
+
+def data_limit(max_payload: int) -> int:
+    """The most data bytes SIE puts in one message on a bus of ``max_payload`` bytes."""
+    return max(1024, max_payload - MESSAGE_HEADROOM_BYTES)
 
 
 class StreamFullError(BusError):
@@ -190,10 +215,21 @@ class Bus(Protocol):
         """Whether publishes can currently reach the broker (architecture §3 step 3.6)."""
         ...
 
+    @property
+    def max_payload(self) -> int:
+        """Most bytes of data one message may carry (the broker's limit, read from the
+        connection; ``DEFAULT_MAX_PAYLOAD`` while it is not known)."""
+        ...
+
     async def publish(
         self, subject: str, data: bytes, headers: Mapping[str, str] | None = None
     ) -> None:
-        """Core publish (fire-and-forget). Raises ``BusError`` when disconnected."""
+        """Core publish (fire-and-forget).
+
+        Raises:
+            BusError: disconnected.
+            PayloadTooLargeError: ``data`` is over ``max_payload``.
+        """
         ...
 
     async def subscribe(self, subject: str, *, max_pending: int = 65536) -> Subscription:
@@ -216,7 +252,13 @@ class Bus(Protocol):
         msg_id: str | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> PubAck:
-        """Store a message. Raises ``NoStreamError`` or ``StreamFullError``."""
+        """Store a message.
+
+        Raises:
+            NoStreamError: no stream captures ``subject``.
+            StreamFullError: the stream is at ``max_msgs``.
+            PayloadTooLargeError: ``data`` is over ``max_payload``.
+        """
         ...
 
     async def get_message(self, stream: str, seq: int) -> Msg:

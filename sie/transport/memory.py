@@ -20,12 +20,14 @@ import anyio
 from sie.core.subjects import ADVISORY_MAX_DELIVERIES, subject_matches
 from sie.transport._buffered import BufferedSubscription
 from sie.transport.base import (
+    DEFAULT_MAX_PAYLOAD,
     BusError,
     ConsumerConfig,
     ConsumerInfo,
     JsMsg,
     Msg,
     NoStreamError,
+    PayloadTooLargeError,
     PubAck,
     StreamConfig,
     StreamFullError,
@@ -269,9 +271,15 @@ class _MemPullConsumer:
 
 
 class MemoryBus:
-    """The in-memory ``Bus``. Use as ``async with MemoryBus() as bus``."""
+    """The in-memory ``Bus``. Use as ``async with MemoryBus() as bus``.
 
-    def __init__(self) -> None:
+    ``max_payload``: bytes per message, NATS's default unless given, so that the
+    embedded default takes the same paths as a broker would (large work items by
+    reference, large results in chunks; docs/api.md §12).
+    """
+
+    def __init__(self, *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+        self._max_payload = max_payload
         self._subs: set[_MemSubscription] = set()
         self._streams: dict[str, _Stream] = {}
         self._routes: dict[str, str | None] = {}  # subject -> capturing stream's name
@@ -292,14 +300,22 @@ class MemoryBus:
     def is_connected(self) -> bool:
         return not self._closed
 
-    def _check(self) -> None:
+    @property
+    def max_payload(self) -> int:
+        return self._max_payload
+
+    def _check(self, data: bytes = b"") -> None:
         if self._closed:
             raise BusError("bus is closed")
+        if len(data) > self._max_payload:
+            raise PayloadTooLargeError(
+                f"message of {len(data)} bytes is over max_payload ({self._max_payload})"
+            )
 
     async def publish(
         self, subject: str, data: bytes, headers: Mapping[str, str] | None = None
     ) -> None:
-        self._check()
+        self._check(data)
         msg = Msg(subject, bytes(data), headers)
         for sub in list(self._subs):
             if subject_matches(sub.subject, subject):
@@ -366,7 +382,7 @@ class MemoryBus:
         msg_id: str | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> PubAck:
-        self._check()
+        self._check(data)
         stream = self._stream_for(subject)
         if stream is None:
             raise NoStreamError(f"no stream captures subject {subject!r}")

@@ -26,11 +26,13 @@ import anyio.abc
 
 from sie.transport._buffered import BufferedSubscription
 from sie.transport.base import (
+    DEFAULT_MAX_PAYLOAD,
     BusError,
     ConsumerConfig,
     ConsumerInfo,
     Msg,
     NoStreamError,
+    PayloadTooLargeError,
     PubAck,
     StreamConfig,
     StreamFullError,
@@ -279,6 +281,20 @@ class NatsBus:
     def is_connected(self) -> bool:
         return self._nc is not None and self._nc.is_connected
 
+    @property
+    def max_payload(self) -> int:
+        """The connected broker's ``max_payload`` (from its INFO)."""
+        if self._nc is None:
+            return DEFAULT_MAX_PAYLOAD
+        return int(self._nc.max_payload or DEFAULT_MAX_PAYLOAD)
+
+    def _check_size(self, subject: str, data: bytes) -> None:
+        if len(data) > self.max_payload:
+            raise PayloadTooLargeError(
+                f"message of {len(data)} bytes on {subject!r} is over the broker's "
+                f"max_payload ({self.max_payload})"
+            )
+
     def _client(self) -> Client:
         if self._nc is None or self._nc.is_closed:
             raise BusError(f"NATS at {self.url} is not connected")
@@ -296,8 +312,11 @@ class NatsBus:
         nc = self._client()
         if not nc.is_connected:
             raise BusError(f"NATS is disconnected; cannot publish on {subject!r}")
+        self._check_size(subject, data)
         try:
             await nc.publish(subject, data, headers=_headers(headers))
+        except nats.errors.MaxPayloadError as exc:
+            raise PayloadTooLargeError(f"message on {subject!r} is over max_payload") from exc
         except (nats.errors.Error, TimeoutError) as exc:
             raise BusError(f"publish on {subject!r} failed: {exc}") from exc
 
@@ -407,6 +426,7 @@ class NatsBus:
         hdrs = dict(headers or {})
         if msg_id is not None:
             hdrs["Nats-Msg-Id"] = msg_id
+        self._check_size(subject, data)
         try:
             ack = await self._jsx().publish(subject, data, headers=hdrs or None)
         except (nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError) as exc:
@@ -417,6 +437,8 @@ class NatsBus:
             if exc.err_code == ERR_STREAM_NOT_FOUND:
                 raise NoStreamError(f"no stream captures {subject!r}") from exc
             raise BusError(f"publish on {subject!r} failed: {exc.description}") from exc
+        except nats.errors.MaxPayloadError as exc:
+            raise PayloadTooLargeError(f"message on {subject!r} is over max_payload") from exc
         except (nats.errors.Error, TimeoutError) as exc:
             raise BusError(f"publish on {subject!r} failed: {exc}") from exc
         return PubAck(stream=ack.stream, seq=int(ack.seq), duplicate=bool(ack.duplicate))

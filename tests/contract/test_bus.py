@@ -18,6 +18,7 @@ from sie.transport.base import (
     ConsumerConfig,
     Msg,
     NoStreamError,
+    PayloadTooLargeError,
     StreamConfig,
     StreamFullError,
     dead_letter_stream_config,
@@ -105,6 +106,25 @@ async def test_publish_without_stream_fails(bus: Bus) -> None:
         await bus.js_publish("sie.work.nowhere.a.b.c", b"x")
     with pytest.raises(NoStreamError):
         await bus.stream_info("WORK_POOL_nowhere")
+
+
+async def test_max_payload_is_the_brokers_and_larger_messages_are_refused(bus: Bus) -> None:
+    # a default nats-server and the memory bus both carry 1 MiB per message
+    assert bus.max_payload == 1024 * 1024
+    await bus.add_stream(work_stream_config("default"))
+    sub = await bus.subscribe("big.>")
+    fits = b"x" * bus.max_payload
+    await bus.publish("big.one", fits)
+    assert (await sub.next_msg(5)).data == fits
+    over = fits + b"y"
+    with pytest.raises(PayloadTooLargeError):
+        await bus.publish("big.two", over)
+    with pytest.raises(PayloadTooLargeError):
+        await bus.js_publish("sie.work.default.l4.default.m", over)
+    await bus.js_publish("sie.work.default.l4.default.m", fits)
+    assert (await bus.stream_info("WORK_POOL_default")).messages == 1
+    with pytest.raises(TimeoutError):  # nothing of the refused message was sent
+        await sub.next_msg(0.2)
 
 
 async def test_work_queue_ack_removes(bus: Bus) -> None:

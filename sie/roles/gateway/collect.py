@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from sie.core.errors import InferenceError, error_for_code
+from sie.core.chunks import Reassembly
+from sie.core.errors import InferenceError, SieError, error_for_code
 from sie.core.registry import ModelEntry
 from sie.core.wire import WorkResult
 
@@ -32,6 +33,10 @@ class Collector:
     #: for a request over ``REQUEST_WINDOW_ITEMS`` items: one credit per item it may
     #: still publish; each arriving result returns one (``window_credits``)
     credits: anyio.Semaphore | None = None
+    #: chunked results being reassembled (docs/api.md §12), made on the first chunk
+    chunks: Reassembly | None = None
+    #: set when the request fails as a whole (an invalid chunked result)
+    failure: SieError | None = None
 
 
 #: Items of one request in the work stream and on the workers at once: a larger
@@ -70,6 +75,16 @@ class Collected:
             "tokenization_ms": mx("tokenization_ms"),
             "total_ms": self.total_ms,
         }
+
+    def payload_fetch_ms(self) -> float | None:
+        """The longest fetch of an item sent by reference, or None when none was
+        (docs/api.md §12)."""
+        times = [r.payload_fetch_ms for r in self.results if r.payload_fetch_ms is not None]
+        return max(times) if times else None
+
+    def result_bytes(self) -> int:
+        """Bytes of the workers' encoded results (the reply a compat route buffers)."""
+        return sum(len(r.result_msgpack or b"") for r in self.results)
 
     @property
     def workers(self) -> list[str]:

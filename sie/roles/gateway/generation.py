@@ -40,9 +40,11 @@ from sie.core.wire import GenerationChunk, Heartbeat, WorkItem
 from sie.roles.gateway.admission import AdmissionGate
 from sie.roles.gateway.directory import WorkerDirectory
 from sie.roles.gateway.lanes import LaneTelemetry
+from sie.roles.gateway.offload import offload_large
 from sie.roles.gateway.requests import lane_of
-from sie.telemetry import tracer
-from sie.transport.base import Bus
+from sie.telemetry import Metrics, tracer
+from sie.transport.base import Bus, data_limit
+from sie.transport.payloads import PayloadStore
 
 __all__ = ["GenerationDispatch", "GenerationStream", "chunk_error"]
 
@@ -76,8 +78,14 @@ class GenerationDispatch:
         admission: AdmissionGate,
         router_id: str,
         default_machine_profile: str,
+        payloads: PayloadStore,
+        metrics: Metrics,
     ) -> None:
+        """``payloads``: where a generation item over the bus's ``max_payload`` goes
+        (docs/api.md §12)."""
         self.bus = bus
+        self.payloads = payloads
+        self.metrics = metrics
         self.registry = registry
         self.directory = directory
         self.lanes = lanes
@@ -278,9 +286,20 @@ class GenerationDispatch:
         finished = False
         gw.lanes.add_in_flight(lane, 1)
         self.open_by_worker[worker_id] = self.open_by_worker.get(worker_id, 0) + 1
+        stored: list[str] = []
         try:
             subject = direct_subject(pool_, profile, bundle, entry.model_id, worker_id)
-            await gw.bus.publish(subject, item.to_bytes())
+            work = [(item.work_item_id, item.to_bytes())]
+            await offload_large(
+                work,
+                stored,
+                limit=data_limit(gw.bus.max_payload),
+                store=self.payloads,
+                router_id=gw.router_id,
+                request_id=request_id,
+                metrics=self.metrics,
+            )
+            await gw.bus.publish(subject, work[0][1])
             gw.lanes.clear_demand(lane)
             with anyio.move_on_after(ACCEPT_TIMEOUT_S) as scope:
                 first = await receive.receive()
@@ -322,12 +341,17 @@ class GenerationDispatch:
                 self.open_by_worker[worker_id] = left
             else:
                 self.open_by_worker.pop(worker_id, None)
-            if not finished:
-                with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True):
+                if not finished:
                     try:
                         await gw.bus.publish(cancel_subject(gw.router_id, request_id), b"")
                     except SieError as exc:
                         log.warning("cannot cancel generation %s: %s", request_id, exc)
+                if stored:
+                    try:
+                        await self.payloads.delete(stored)
+                    except SieError as exc:
+                        log.warning("cannot delete the payload of %s: %s", request_id, exc)
 
 
 async def _iterate(

@@ -21,7 +21,6 @@ import anyio.abc
 from sie.control.ack_status import worker_ack_status
 from sie.control.sync import ConfigSync
 from sie.core.errors import (
-    Backpressure,
     GatewayTimeout,
     Provisioning,
     ShuttingDown,
@@ -37,21 +36,25 @@ from sie.core.subjects import (
     inbox_wildcard,
     work_subject,
 )
-from sie.core.wire import Heartbeat, WorkItem, WorkResult
+from sie.core.wire import Heartbeat, WorkItem
 from sie.roles.config_sync import run_config_sync
 from sie.roles.gateway.admission import AdmissionGate
 from sie.roles.gateway.collect import Collected, Collector, raise_failures, window_credits
 from sie.roles.gateway.directory import WorkerDirectory
 from sie.roles.gateway.dlq import DeadLetters
 from sie.roles.gateway.generation import GenerationDispatch
+from sie.roles.gateway.inbox import ResultInbox
 from sie.roles.gateway.lanes import Lane, LaneTelemetry
+from sie.roles.gateway.offload import offload_large, sweep_orphans
 from sie.roles.gateway.pending import StreamPending
 from sie.roles.gateway.publish import WorkPublisher
 from sie.roles.gateway.requests import DEFAULT_ROUTING, Routing, check_request, lane_of
+from sie.roles.gateway.shedding import admit
 from sie.roles.gateway.work import encode_work
 from sie.settings_views import BusSettings, GatewaySettings, LimitsSettings
 from sie.telemetry import METRICS, Metrics
-from sie.transport.base import Bus, Subscription
+from sie.transport.base import Bus, Subscription, data_limit
+from sie.transport.payloads import PayloadStore
 
 __all__ = ["GatewayRole"]
 
@@ -72,6 +75,7 @@ class GatewayRole:
         sync: ConfigSync,
         admission: AdmissionGate,
         directory: WorkerDirectory,
+        payloads: PayloadStore,
         metrics: Metrics = METRICS,
     ) -> None:
         """Wire the role from its collaborators (``sie.container`` builds them); no I/O.
@@ -79,7 +83,8 @@ class GatewayRole:
         ``settings``: the gateway's own view; ``streams``: the work-stream limits it
         publishes under; ``limits``: per-request bounds; ``sync``: config convergence
         over ``registry``; ``admission``: the generation gate; ``directory``: workers
-        as their heartbeats describe them.
+        as their heartbeats describe them; ``payloads``: where work items over the
+        bus's ``max_payload`` go (docs/api.md §12).
         """
         self.bus = bus
         self.registry = registry
@@ -87,9 +92,12 @@ class GatewayRole:
         self.streams = streams
         self.limits = limits
         self.router_id = settings.router_id
-        self._pending: dict[str, Collector] = {}
         self._given_up = False
-        self.late_results = 0
+        self.payloads = payloads
+        self.metrics = metrics
+        # results (whole or chunked) to the requests waiting for them
+        self.inbox = ResultInbox(metrics, directory.saw)
+        self._pending = self.inbox.pending
         # per-lane in-flight items, admission decisions and pending demand (§2)
         self.lanes = LaneTelemetry(metrics)
         self.pending = StreamPending(bus, streams)  # items per pool's work stream
@@ -108,6 +116,8 @@ class GatewayRole:
             admission=admission,
             router_id=self.router_id,
             default_machine_profile=settings.machine_profile,
+            payloads=payloads,
+            metrics=metrics,
         )
         self.dead_letters = DeadLetters(
             bus, storage=streams.stream_storage, replicas=streams.stream_replicas
@@ -123,6 +133,7 @@ class GatewayRole:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._read_health, health)
+                tg.start_soon(sweep_orphans, self.payloads, self.streams.stream_max_age_s)
                 await tg.start(run_config_sync, self.bus, self.sync, config_subject("_all"))
                 await tg.start(self.dead_letters.run)
                 await tg.start(self.admission.run)
@@ -146,6 +157,11 @@ class GatewayRole:
         """Live workers per bundle."""
         return self.directory.connected()
 
+    @property
+    def late_results(self) -> int:
+        """Results dropped undecoded: their request had already ended."""
+        return self.inbox.late_results
+
     async def _read_inbox(self, sub: Subscription) -> None:
         async for msg in sub:
             # The inbox subject names the request (_INBOX.{router_id}.{request_id}): late
@@ -153,27 +169,8 @@ class GatewayRole:
             rid = msg.subject.rsplit(".", 1)[-1]
             if self.generation.owns(rid):
                 self.generation.deliver(rid, msg.data)
-                continue
-            if rid not in self._pending:
-                self.late_results += 1
-                continue
-            try:
-                result = WorkResult.from_bytes(msg.data)
-            except SieError as exc:
-                log.warning("dropping undecodable result on %s: %s", msg.subject, exc.message)
-                continue
-            col = self._pending.get(result.request_id)
-            if col is None or not 0 <= result.item_index < col.total:
-                continue  # finished, abandoned or stale: drop (architecture §16.2 step 4)
-            if result.worker_id is not None:  # a result is proof of life (docs/security.md)
-                self.directory.saw(result.worker_id)
-            if col.results[result.item_index] is None:
-                col.results[result.item_index] = result
-                col.remaining -= 1
-                if col.credits is not None:
-                    col.credits.release()  # room for one more of its items in the stream
-                if col.remaining == 0:
-                    col.done.set()
+            else:
+                self.inbox.deliver(rid, msg.data)
 
     async def _read_health(self, sub: Subscription) -> None:
         async for msg in sub:
@@ -201,39 +198,14 @@ class GatewayRole:
         return self.directory.model_counts(model_id)
 
     async def _admit(self, lane: Lane, pool: str, n_items: int, *, record: bool = True) -> None:
-        """Backpressure (architecture §2). The per-lane decision against this gateway's
-        in-flight items is always computed and recorded (``admit`` / ``would_shed`` /
-        ``shed``) but only sheds when ``lane_backpressure_enforce`` is set; the pool-wide
-        check always applies: the work stream's stored count (read from the broker at
-        most every 250 ms) plus the items this gateway admitted since that reading plus
-        this request's must stay within ``max_stream_pending``, so one gateway never
-        overshoots it (several share the broker's ``max_msgs`` ceiling). Both sheds
-        record pending demand.
+        """Backpressure (``sie.roles.gateway.shedding.admit``).
 
         Raises:
             Backpressure: 503 with Retry-After 5.
         """
-        s = self.settings
-        in_flight = self.lanes.in_flight.get(lane, 0) + n_items
-        over = in_flight > s.max_lane_in_flight_items
-        shed = over and s.lane_backpressure_enforce
-        if record:
-            self.lanes.decision(lane, "shed" if shed else "would_shed" if over else "admit")
-        pending = await self.pending.count(pool)
-        if pending + max(n_items, 1) > self.streams.max_stream_pending:
-            self.lanes.record_demand(lane, "queue_full")
-            raise Backpressure(
-                f"work queue for pool {pool!r} holds {pending} items (limit "
-                f"{self.streams.max_stream_pending}, this request {n_items}); retry later",
-                pool=pool,
-            )
-        if shed:
-            self.lanes.record_demand(lane, "lane_full")
-            raise Backpressure(
-                f"lane {pool}/{lane[1]}/{lane[2]} has {in_flight} items in flight on this "
-                f"gateway (limit {s.max_lane_in_flight_items}); retry later",
-                pool=pool,
-            )
+        await admit(
+            self.settings, self.streams, self.lanes, self.pending, lane, pool, n_items, record
+        )
 
     async def refuse_if_full(
         self, model_id: str, pool: str | None = None, machine_profile: str | None = None
@@ -420,6 +392,7 @@ class GatewayRole:
         self.lanes.add_in_flight(lane, n)
         self._pending[request_id] = col
         published = False
+        stored: list[str] = []  # payload-store keys of items sent by reference
         try:
             await self.pending.ensure_stream(pool)
             first = WorkItem(
@@ -436,9 +409,19 @@ class GatewayRole:
                 router_id=self.router_id,
                 reply_subject=reply,
                 timestamp=time.time(),
+                accepts_result_chunks=True,
                 **works[0],
             )
             work = await encode_work(first, works)
+            await offload_large(
+                work,
+                stored,
+                limit=data_limit(self.bus.max_payload),
+                store=self.payloads,
+                router_id=self.router_id,
+                request_id=request_id,
+                metrics=self.metrics,
+            )
             published = True
             wait_s = routing.timeout_s or self.settings.request_timeout_s
             try:
@@ -455,6 +438,8 @@ class GatewayRole:
                     f"no worker result within {wait_s:g}s ({got}/{n} items arrived)",
                     request_id=request_id,
                 ) from None
+            if col.failure is not None:
+                raise col.failure
             if col.remaining:
                 raise ShuttingDown(
                     f"the gateway is shutting down ({n - col.remaining}/{n} items arrived); "
@@ -463,10 +448,12 @@ class GatewayRole:
                 )
         finally:
             self.pending.release(pool, unsent[0])
-            self._pending.pop(request_id, None)
+            self.inbox.close(request_id)
             self.lanes.add_in_flight(lane, -n)
             if published and col.remaining:
                 await self._abandon(request_id)
+            if stored:
+                await self._delete_payloads(stored)
         results = [r for r in col.results if r is not None]
         raise_failures(results)
         return Collected(request_id, entry, results, publish_ms, (time.monotonic() - t0) * 1000.0)
@@ -481,6 +468,15 @@ class GatewayRole:
             if col.credits is not None:  # a windowed publisher stops waiting too
                 for _ in range(col.total):
                     col.credits.release()
+
+    async def _delete_payloads(self, keys: list[str]) -> None:
+        """Best-effort removal of a finished request's offloaded items (the periodic
+        sweep catches what this misses, e.g. after a crash)."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.payloads.delete(keys)
+            except SieError as exc:
+                log.warning("cannot delete %d offloaded payloads: %s", len(keys), exc.message)
 
     async def _abandon(self, request_id: str) -> None:
         """Best-effort ``work_cancel`` so workers drop this request's remaining items (§8)."""

@@ -44,6 +44,7 @@ from sie.engines.runtime.cache import ModelCache
 from sie.roles.config_sync import run_config_sync
 from sie.roles.worker.cancels import Cancellations
 from sie.roles.worker.generation import run_generation
+from sie.roles.worker.payloads import error_result, fetch_item, publish_result
 from sie.roles.worker.tasks import run_task
 from sie.settings_views import BusSettings, WorkerSettings
 from sie.telemetry import METRICS, Metrics, tracer
@@ -56,6 +57,7 @@ from sie.transport.base import (
     Subscription,
     work_stream_config,
 )
+from sie.transport.payloads import PayloadStore
 
 __all__ = ["WorkerRole"]
 
@@ -85,6 +87,7 @@ class WorkerRole:
         sync: ConfigSync,
         models: ModelCache,
         trust: ConfigTrust,
+        payloads: PayloadStore,
     ) -> None:
         """Wire the role from its collaborators (``sie.container`` builds them); no I/O.
 
@@ -93,11 +96,13 @@ class WorkerRole:
         ``sie.config.models.{bundle}``, plus the export reconciler when a config
         service URL is known, architecture §6, architecture §15); ``models``: the model cache
         (``sie.roles.worker.models.build_model_cache``); ``trust``: the policy each
-        load is checked against.
+        load is checked against; ``payloads``: where items sent by reference are
+        fetched from (docs/api.md §12).
         """
         self.bus = bus
         self.registry = registry
         self.trust = trust
+        self.payloads = payloads
         self.settings = settings
         self.streams = streams
         self.metrics = metrics
@@ -240,6 +245,8 @@ class WorkerRole:
         scope = self.cancels.open(item.request_id)
         carrier = {k: v for k in ("traceparent", "tracestate") if (v := getattr(item, k))}
         try:
+            if item.payload_ref is not None:  # sent by reference (docs/api.md §12)
+                item = (await fetch_item(self.payloads, item, self.metrics))[0]
             with (
                 scope,
                 tracer.start_as_current_span(  # §15.1: nests under the gateway's span
@@ -367,8 +374,11 @@ class WorkerRole:
             return
         t0 = time.monotonic()
         scope = self.cancels.open(item.request_id)
+        fetch_ms: float | None = None
         try:
             with scope:
+                if item.payload_ref is not None:  # sent by reference (docs/api.md §12)
+                    item, fetch_ms = await fetch_item(self.payloads, item, self.metrics)
                 result = await self._execute(item)
             outcome = "success"
             if scope.cancelled_caught:
@@ -376,17 +386,22 @@ class WorkerRole:
                 self.metrics.work_items.labels(item.model_id, "cancelled").inc()
                 return
         except SieError as exc:
-            result = self._error(item, exc.code, exc.message, exc.fields.get("field"))
+            result = error_result(
+                item, self.worker_id, exc.code, exc.message, exc.fields.get("field")
+            )
             outcome = exc.code
         except Exception as exc:
             log.exception("work item %s failed", item.work_item_id)
-            result = self._error(item, "INFERENCE_ERROR", f"inference error: {exc}")
+            result = error_result(
+                item, self.worker_id, "INFERENCE_ERROR", f"inference error: {exc}"
+            )
             outcome = "INFERENCE_ERROR"
         finally:
             self.cancels.close(item.request_id, scope)
         result.processing_ms = (time.monotonic() - t0) * 1000.0
+        result.payload_fetch_ms = fetch_ms
         try:
-            await self.bus.publish(item.reply_subject, result.to_bytes())
+            await publish_result(self.bus, item, result)
         except BusError as exc:
             log.warning(
                 "cannot publish result of %s (%s); NAK for redelivery", item.work_item_id, exc
@@ -395,20 +410,6 @@ class WorkerRole:
             return
         await msg.ack()
         self.metrics.work_items.labels(item.model_id, outcome).inc()
-
-    def _error(
-        self, item: WorkItem, code: str, message: str, field: str | None = None
-    ) -> WorkResult:
-        return WorkResult(
-            error_field=field if isinstance(field, str) else None,
-            work_item_id=item.work_item_id,
-            request_id=item.request_id,
-            item_index=item.item_index,
-            success=False,
-            error=message,
-            error_code=code,
-            worker_id=self.worker_id,
-        )
 
     def _serves(self, model_id: str) -> bool:
         entry = self.registry.snapshot.entries.get(model_id)
