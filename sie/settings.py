@@ -91,6 +91,8 @@ class ServeSettings(BaseModel):
     memory_budget_bytes: int | None = Field(default=None, gt=0)
     memory_budget_fraction: float = Field(default=0.85, gt=0, le=1)
     idle_evict_s: float | None = Field(default=None, gt=0)
+    # a request for a model still loading after this long answers 503 MODEL_LOADING
+    model_load_wait_s: float = Field(default=5.0, ge=0)
     # short: a dead worker's items move within seconds; live workers keep theirs alive
     ack_wait_s: float = Field(default=5.0, gt=0)
     max_deliver: int = 20
@@ -326,6 +328,7 @@ ENV_VARS: dict[str, str] = {
     "SIE_MEMORY_BUDGET_BYTES": "memory_budget_bytes",
     "SIE_MEMORY_BUDGET_FRACTION": "memory_budget_fraction",
     "SIE_IDLE_EVICT_S": "idle_evict_s",
+    "SIE_MODEL_LOAD_WAIT_S": "model_load_wait_s",
     "SIE_ACK_WAIT_S": "ack_wait_s",
     "SIE_MAX_DELIVER": "max_deliver",
     "SIE_HEARTBEAT_INTERVAL_S": "heartbeat_interval_s",

@@ -90,6 +90,9 @@ ENV_DOCS: dict[str, EnvDoc] = {
         "worker: the budget as a fraction of RAM (VRAM on CUDA) when no byte count is given"
     ),
     "SIE_IDLE_EVICT_S": EnvDoc("worker: unload a model unused for this many seconds"),
+    "SIE_MODEL_LOAD_WAIT_S": EnvDoc(
+        "worker: seconds a request waits for its model's load; past it the item answers 503 `MODEL_LOADING` (Retry-After 5) while the load goes on ([api.md](api.md) §10)"
+    ),
     "SIE_MODEL_CACHE_DIR": EnvDoc(
         "worker: where packaged GGUF models (SmolLM2) are dequantised once",
         unset="`~/.cache/sie/models`",

@@ -126,6 +126,7 @@ class WorkerSettings(SettingsView):
     heartbeat_interval_s: float
     admission_poll_interval_s: float
     model_cache_dir: str
+    model_load_wait_s: float
 
 
 class ConfigRoleSettings(SettingsView):

@@ -40,6 +40,7 @@ Tree::
     ├── ModelLoading               503 MODEL_LOADING      (retryable, Retry-After 5)
     ├── ModelLoadFailed            502 MODEL_LOAD_FAILED  (terminal, no Retry-After)
     ├── InferenceError             500 INFERENCE_ERROR
+    │   └── AllItemsFailed         500 ALL_ITEMS_FAILED   (every item failed, with different codes)
     ├── ResourceExhausted          503 RESOURCE_EXHAUSTED (retryable, Retry-After 5)
     ├── Backpressure               503 QUEUE_FULL         (retryable, Retry-After 5)
     ├── QueueUnavailable           503 QUEUE_UNAVAILABLE
@@ -60,6 +61,7 @@ __all__ = [
     "MAX_ECHO_CHARS",
     "MAX_MESSAGE_CHARS",
     "AdmissionRejected",
+    "AllItemsFailed",
     "AuthMisconfigured",
     "Backpressure",
     "BundleConflict",
@@ -306,6 +308,13 @@ class InferenceError(SieError):
     status = 500
 
 
+class AllItemsFailed(InferenceError):
+    """Every item of a request failed, not all with one code (architecture §2): 500 with
+    each item's ``item_index``, ``code`` and ``error`` in ``details``."""
+
+    code = "ALL_ITEMS_FAILED"
+
+
 class ResourceExhausted(SieError):
     code = "RESOURCE_EXHAUSTED"
     status = 503
@@ -416,6 +425,7 @@ _BY_CODE: dict[str, type[SieError]] = {
         ModelLoading,
         ModelLoadFailed,
         InferenceError,
+        AllItemsFailed,
         ResourceExhausted,
         Backpressure,
         QueueUnavailable,

@@ -285,6 +285,7 @@ class WorkResult(_Message):
     error: str | None = None
     error_code: str | None = None
     error_field: str | None = None  # the request field an INVALID_INPUT error names
+    error_details: dict[str, Any] | None = None  # MODEL_LOAD_FAILED: error_class, attempts, ...
     inference_ms: float | None = None
     queue_ms: float | None = None
     tokenization_ms: float | None = None

@@ -160,7 +160,12 @@ def test_load_failure_is_a_502_over_http(tmp_path: Path) -> None:
     ):
         r = c.post("/v1/encode/ghost/model", json={"items": [{"text": "a"}, {"text": "b"}]})
         assert r.status_code == 502, r.text
-        assert r.json()["error"]["code"] == "MODEL_LOAD_FAILED" and "retry-after" not in r.headers
+        err = r.json()["error"]
+        assert err["code"] == "MODEL_LOAD_FAILED" and "retry-after" not in r.headers
+        # the SDK's terminal model-load contract (architecture §2)
+        assert (err["error_class"], err["attempts"], err["permanent"]) == ("NOT_FOUND", 1, True), (
+            err
+        )
         info = c.get("/v1/models/ghost/model").json()
         deadline = time.monotonic() + 5
         while info["state"] != "failed" and time.monotonic() < deadline:

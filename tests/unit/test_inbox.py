@@ -85,3 +85,53 @@ def test_chunks_that_decode_to_another_item_are_refused() -> None:
     ):
         inbox2.deliver("r", packb(e))
     assert isinstance(col2.failure, TransportFailure)
+
+
+def failed(i: int, code: str, details: object = None) -> WorkResult:
+    return WorkResult(
+        work_item_id=f"r.{i}",
+        request_id="r",
+        item_index=i,
+        success=False,
+        error=f"item {i} failed",
+        error_code=code,
+        error_details=details,  # type: ignore[arg-type]
+    )
+
+
+def test_how_failed_items_become_one_error() -> None:
+    import pytest
+
+    from sie.core.errors import AllItemsFailed, InferenceError, ModelLoadFailed, ModelLoading
+    from sie.roles.gateway.collect import raise_failures
+
+    raise_failures([result(0), result(1)])  # nothing failed
+    with pytest.raises(ModelLoading) as loading:
+        raise_failures([failed(0, "MODEL_LOADING"), failed(1, "MODEL_LOADING")])
+    assert loading.value.status == 503 and loading.value.retry_after_s == 5
+    with pytest.raises(AllItemsFailed) as mixed:
+        raise_failures([failed(0, "MODEL_LOADING"), failed(1, "RESOURCE_EXHAUSTED")])
+    assert mixed.value.status == 500 and mixed.value.code == "ALL_ITEMS_FAILED"
+    assert [d["code"] for d in mixed.value.fields["details"]] == [
+        "MODEL_LOADING",
+        "RESOURCE_EXHAUSTED",
+    ]
+    with pytest.raises(InferenceError) as partial:
+        raise_failures([result(0), failed(1, "INFERENCE_ERROR")])
+    assert type(partial.value) is InferenceError
+    assert partial.value.fields["details"][0]["item_index"] == 1
+    # MODEL_LOAD_FAILED carries its body; a worker's odd values get the conservative ones
+    with pytest.raises(ModelLoadFailed) as load:
+        raise_failures([failed(0, "MODEL_LOAD_FAILED", {"error_class": "OOM", "attempts": 3})])
+    assert (load.value.fields["error_class"], load.value.fields["attempts"]) == ("OOM", 3)
+    assert load.value.fields["permanent"] is True
+    with pytest.raises(ModelLoadFailed) as odd:
+        raise_failures(
+            [
+                failed(
+                    0, "MODEL_LOAD_FAILED", {"error_class": 7, "attempts": True, "permanent": "no"}
+                )
+            ]
+        )
+    assert (odd.value.fields["error_class"], odd.value.fields["attempts"]) == ("UNKNOWN", 1)
+    assert odd.value.fields["permanent"] is True and odd.value.retry_after_s is None

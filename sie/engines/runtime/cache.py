@@ -44,7 +44,7 @@ import anyio
 import anyio.abc
 
 from sie.core.admission import EngineState
-from sie.core.errors import ModelLoadFailed, SieError
+from sie.core.errors import ModelLoadFailed, ModelLoading, SieError
 from sie.core.registry import ModelEntry
 from sie.core.trust import ConfigTrust, redact_error
 from sie.core.wire import ModelStatus
@@ -238,17 +238,20 @@ class ModelCache:
     # -- use ----------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def use(self, entry: ModelEntry) -> AsyncIterator[LoadedModel]:
+    async def use(
+        self, entry: ModelEntry, wait_s: float | None = None
+    ) -> AsyncIterator[LoadedModel]:
         """The loaded model for ``entry`` (loading it on first use), held in use, so
         it is not evicted, until the block exits.
 
         Raises:
             ModelLoadFailed: the load failed (now, or earlier and permanently).
+            ModelLoading: still loading after ``wait_s`` seconds (as ``get``).
         """
-        loaded = await self.get(entry)
+        loaded = await self.get(entry, wait_s)
         slot = self._slots.get(entry.model_id)
         if slot is None or slot.loaded is not loaded:  # evicted between get and use: reload
-            async with self.use(entry) as again:
+            async with self.use(entry, wait_s) as again:
                 yield again
             return
         slot.active += 1
@@ -259,11 +262,15 @@ class ModelCache:
             slot.active -= 1
             slot.last_used = time.monotonic()
 
-    async def get(self, entry: ModelEntry) -> LoadedModel:
+    async def get(self, entry: ModelEntry, wait_s: float | None = None) -> LoadedModel:
         """The loaded model for ``entry``, loading it on first use.
+
+        ``wait_s``: the longest wait for a load in progress (None: until it ends). The
+        load belongs to the cache and goes on after the caller gives up.
 
         Raises:
             ModelLoadFailed: the load failed (now, or earlier and permanently).
+            ModelLoading: still loading after ``wait_s`` seconds (503, Retry-After 5).
         """
         while True:
             key = entry.load_key
@@ -287,7 +294,13 @@ class ModelCache:
                 # The load belongs to the cache, not to this caller: cancelling the caller
                 # (an abandoned request) must not leave a half-loaded slot behind.
                 self._tg.start_soon(self._load, entry, slot)
-            await slot.ready.wait()
+            with anyio.move_on_after(wait_s):
+                await slot.ready.wait()
+            if not slot.ready.is_set():
+                raise ModelLoading(
+                    f"model {entry.model_id!r} is loading on this worker; retry shortly",
+                    model=entry.model_id,
+                )
             if slot.loaded is None:
                 assert slot.error is not None
                 raise slot.error
@@ -355,6 +368,7 @@ class ModelCache:
                 log.error("model %s failed to load: %s", entry.model_id, raw.message)
                 keep = (entry.config.weights_path,) if entry.config.weights_path else ()
                 slot.error = redact_error(raw, keep)
+                slot.error.fields["attempts"] = stats.attempts
                 stats.last_error = slot.error
             slot.ready.set()
             self._changed()

@@ -4,11 +4,12 @@ in any order, complete when every item answered (architecture §16.2)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 
 from sie.core.chunks import Reassembly
-from sie.core.errors import InferenceError, SieError, error_for_code
+from sie.core.errors import AllItemsFailed, InferenceError, SieError, error_for_code
 from sie.core.registry import ModelEntry
 from sie.core.wire import WorkResult
 
@@ -91,22 +92,41 @@ class Collected:
         return sorted({r.worker_id for r in self.results if r.worker_id})
 
 
+def load_failure_fields(details: Any) -> dict[str, Any]:
+    """``error_class``, ``attempts`` and ``permanent`` of a MODEL_LOAD_FAILED body
+    (architecture §2) from a worker's ``error_details``; what is missing or of the
+    wrong type gets the conservative value (UNKNOWN, 1 attempt, permanent)."""
+    d = details if isinstance(details, dict) else {}
+    error_class, attempts, permanent = (
+        d.get("error_class"),
+        d.get("attempts"),
+        d.get("permanent"),
+    )
+    return {
+        "error_class": error_class if isinstance(error_class, str) else "UNKNOWN",
+        "attempts": attempts
+        if isinstance(attempts, int) and not isinstance(attempts, bool) and attempts > 0
+        else 1,
+        "permanent": permanent if isinstance(permanent, bool) else True,
+    }
+
+
 def raise_failures(results: list[WorkResult]) -> None:
     """Raise the workers' error when every item failed with one code (e.g. 503
-    ``MODEL_LOADING``), else ``InferenceError`` listing each failed item; nothing when
-    every item succeeded."""
+    ``MODEL_LOADING``), ``AllItemsFailed`` when every item failed with different codes,
+    else ``InferenceError`` listing each failed item; nothing when every item succeeded."""
     failed = [r for r in results if not r.success]
     if not failed:
         return
     codes = {r.error_code for r in failed}
     if len(failed) == len(results) and len(codes) == 1:
         field = failed[0].error_field
-        raise error_for_code(
-            failed[0].error_code,
-            failed[0].error or "worker error",
-            **({"field": field} if field else {}),
-        )
-    raise InferenceError(
+        extra: dict[str, Any] = {"field": field} if field else {}
+        if failed[0].error_code == "MODEL_LOAD_FAILED":
+            extra |= load_failure_fields(failed[0].error_details)
+        raise error_for_code(failed[0].error_code, failed[0].error or "worker error", **extra)
+    kind = AllItemsFailed if len(failed) == len(results) else InferenceError
+    raise kind(
         f"{len(failed)} of {len(results)} items failed",
         details=[
             {"item_index": r.item_index, "code": r.error_code, "error": r.error} for r in failed

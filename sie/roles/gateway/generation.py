@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -38,6 +39,7 @@ from sie.core.registry import ModelRegistry
 from sie.core.subjects import cancel_subject, direct_subject, inbox_subject
 from sie.core.wire import GenerationChunk, Heartbeat, WorkItem
 from sie.roles.gateway.admission import AdmissionGate
+from sie.roles.gateway.collect import load_failure_fields
 from sie.roles.gateway.directory import WorkerDirectory
 from sie.roles.gateway.lanes import LaneTelemetry
 from sie.roles.gateway.offload import offload_large
@@ -366,5 +368,7 @@ async def _iterate(
 
 def chunk_error(chunk: GenerationChunk) -> SieError:
     """The ``SieError`` a worker's error chunk names."""
-    fields = {"field": chunk.error_field} if chunk.error_field else {}
+    fields: dict[str, Any] = {"field": chunk.error_field} if chunk.error_field else {}
+    if chunk.error_code == "MODEL_LOAD_FAILED":  # the §2 body, conservative where unknown
+        fields |= load_failure_fields(None)
     return error_for_code(chunk.error_code, chunk.error or "generation failed", **fields)

@@ -5,6 +5,7 @@ reference (``payload_ref``), and publishing a result too large for one bus messa
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from sie.core.chunks import ChunkError, split_result
 from sie.core.errors import PayloadTooLarge, PayloadUnavailable, SieError
@@ -84,12 +85,24 @@ async def publish_result(bus: Bus, item: WorkItem, result: WorkResult) -> None:
     await bus.publish(item.reply_subject, failed.to_bytes())
 
 
+#: Error fields a failed result carries to the gateway (the MODEL_LOAD_FAILED body, §2).
+DETAIL_FIELDS = ("error_class", "attempts", "permanent")
+
+
 def error_result(
-    item: WorkItem, worker_id: str | None, code: str, message: str, field: object = None
+    item: WorkItem,
+    worker_id: str | None,
+    code: str,
+    message: str,
+    field: object = None,
+    fields: dict[str, Any] | None = None,
 ) -> WorkResult:
     """A failed ``WorkResult`` for ``item`` (``field``: the request field an
-    ``INVALID_INPUT`` names, when it is a string)."""
+    ``INVALID_INPUT`` names, when it is a string; ``fields``: the error's fields, of
+    which ``DETAIL_FIELDS`` travel)."""
+    details = {k: fields[k] for k in DETAIL_FIELDS if k in fields} if fields else None
     return WorkResult(
+        error_details=details or None,
         error_field=field if isinstance(field, str) else None,
         work_item_id=item.work_item_id,
         request_id=item.request_id,

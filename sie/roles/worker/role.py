@@ -256,7 +256,7 @@ class WorkerRole:
                 ),
             ):
                 entry = self._entry(item)
-                async with self.models.use(entry) as loaded:
+                async with self.models.use(entry, self.settings.model_load_wait_s) as loaded:
                     await run_generation(loaded.engine, item, publish, self.worker_id)
         except SieError as exc:
             with anyio.CancelScope(shield=True):
@@ -386,9 +386,8 @@ class WorkerRole:
                 self.metrics.work_items.labels(item.model_id, "cancelled").inc()
                 return
         except SieError as exc:
-            result = error_result(
-                item, self.worker_id, exc.code, exc.message, exc.fields.get("field")
-            )
+            field = exc.fields.get("field")
+            result = error_result(item, self.worker_id, exc.code, exc.message, field, exc.fields)
             outcome = exc.code
         except Exception as exc:
             log.exception("work item %s failed", item.work_item_id)
@@ -435,7 +434,8 @@ class WorkerRole:
 
     async def _execute(self, item: WorkItem) -> WorkResult:
         entry = self._entry(item)
-        async with self.models.use(entry) as loaded:  # never evicted while in use
+        # never evicted while in use; a load past the wait bound is MODEL_LOADING (§2)
+        async with self.models.use(entry, self.settings.model_load_wait_s) as loaded:
             out = await run_task(item, entry, loaded)
         queue_ms = max(0.0, (time.time() - item.timestamp) * 1000.0 - out.inference_ms)
         return WorkResult(

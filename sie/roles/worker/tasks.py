@@ -37,6 +37,7 @@ from sie.core.wire import WorkItem
 from sie.engines.base import Engine, is_encoder, is_extractor, is_scorer
 from sie.engines.encoders.quantize import check_output_dtype, quantize, quantize_sparse
 from sie.engines.runtime.cache import LoadedModel
+from sie.engines.runtime.oom import split_on_oom
 
 __all__ = ["TaskOutcome", "engine_batch_fn", "freeze", "run_task"]
 
@@ -85,6 +86,9 @@ def engine_batch_fn(engine: Engine) -> Callable[[Hashable, Sequence[Any]], list[
     ``key`` is the batch group (``("encode", output_types, options)``, ``("score",
     instruction, options)``, ``("extract", labels, options)``); ``payloads`` what
     ``_encode`` / ``_score`` / ``_extract`` submitted for it.
+
+    An engine that runs out of memory gets each half of the batch again
+    (``sie.engines.runtime.oom``).
     """
 
     def run(key: Hashable, payloads: Sequence[Any]) -> list[Any]:
@@ -116,7 +120,7 @@ def engine_batch_fn(engine: Engine) -> Callable[[Hashable, Sequence[Any]], list[
             )
         raise InvalidInput(f"unknown task {kind!r}", field="operation")
 
-    return run
+    return split_on_oom(run)
 
 
 def _options(item: WorkItem, entry: ModelEntry) -> dict[str, Any]:
