@@ -104,6 +104,25 @@ class Stack:
     shutdown: anyio.Event  # set it (through the portal) to start the drain early
 
 
+_GGUF_WARM: list[bool] = []
+
+
+def warm_gguf_cache() -> None:
+    """Dequantise the shipped GGUF generator (SmolLM2) into the test model cache once
+    per session, as an operator's first load would. A stack's first chat then loads in
+    under a second instead of waiting for the conversion past ``SIE_MODEL_LOAD_WAIT_S``
+    (``MODEL_LOADING``), whatever order the tests run in."""
+    if _GGUF_WARM:
+        return
+    from sie.control.seed import load_models
+    from sie.engines.generators.gguf import locate_weights
+
+    for cfg in load_models(str(CONFIGS)):
+        if cfg.tasks.generate is not None:
+            locate_weights(cfg, cfg.resolve_profile().loadtime, MODEL_CACHE / "sie-models")
+    _GGUF_WARM.append(True)
+
+
 @contextmanager
 def run_stack(
     *, wait_worker: bool = True, bus_instance: Any = None, **overrides: Any
@@ -127,6 +146,7 @@ def run_stack(
         **overrides,
     }
     settings = ServeSettings(**values)
+    warm_gguf_cache()
     metrics = Metrics()  # per stack: /metrics shows this stack's counts only
     with start_blocking_portal() as portal:
         shutdown = portal.call(anyio.Event)
