@@ -50,6 +50,7 @@ Tree::
     ├── AdmissionRejected          503 ENGINE_SATURATED   (parked past the limit; Retry-After 5)
     ├── PayloadUnavailable         503 PAYLOAD_UNAVAILABLE (payload store failed; Retry-After 5)
     ├── TransportFailure           503 TRANSPORT_FAILURE  (an invalid chunked result; no Retry-After)
+    ├── WorkerLost                 503 WORKER_LOST        (a generation's worker died mid-stream)
     └── WireError                  400 INVALID_PAYLOAD    (undecodable msgpack / JSON)
 """
 
@@ -100,6 +101,7 @@ __all__ = [
     "UpstreamUnavailable",
     "ValidationFailed",
     "WireError",
+    "WorkerLost",
     "echo",
     "error_for_code",
 ]
@@ -378,6 +380,15 @@ class TransportFailure(SieError):
     status = 503
 
 
+class WorkerLost(SieError):
+    """The worker running a generation stopped being live after it started answering
+    (docs/topologies.md): the stream ends with this error; retry the request."""
+
+    code = "WORKER_LOST"
+    status = 503
+    retry_after_s = 1
+
+
 class UpstreamError(InferenceError):
     """An upstream OpenAI-compatible server failed: an error status, a broken or
     truncated stream (502)."""
@@ -435,6 +446,7 @@ _BY_CODE: dict[str, type[SieError]] = {
         AdmissionRejected,
         PayloadUnavailable,
         TransportFailure,
+        WorkerLost,
         UpstreamError,
         UpstreamUnavailable,
     )

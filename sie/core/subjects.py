@@ -19,6 +19,7 @@ __all__ = [
     "cancel_subject",
     "config_subject",
     "direct_filter",
+    "direct_stream_name",
     "direct_subject",
     "dlq_msg_id",
     "dlq_subject",
@@ -83,6 +84,11 @@ def direct_filter(pool: str, machine_profile: str, bundle: str, worker_id: str) 
     """What one worker subscribes to for direct dispatch: any model of its lane."""
     lane = ".".join(normalize_model_id(t) for t in (pool, machine_profile, bundle))
     return f"sie.work.{lane}.*.{normalize_model_id(worker_id)}"
+
+
+def direct_stream_name(worker_id: str) -> str:
+    """``WORK_DIRECT_{worker_id}``: the JetStream stream of one worker's direct dispatch."""
+    return f"WORK_DIRECT_{normalize_model_id(worker_id)}"
 
 
 def lane_filter(pool: str, machine_profile: str, bundle: str) -> str:

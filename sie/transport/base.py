@@ -36,7 +36,14 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from sie.core.errors import QueueUnavailable
-from sie.core.subjects import DEAD_LETTERS_STREAM, DLQ_PREFIX, stream_name, stream_subjects
+from sie.core.subjects import (
+    DEAD_LETTERS_STREAM,
+    DLQ_PREFIX,
+    direct_filter,
+    direct_stream_name,
+    stream_name,
+    stream_subjects,
+)
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD",
@@ -57,6 +64,7 @@ __all__ = [
     "Subscription",
     "data_limit",
     "dead_letter_stream_config",
+    "direct_stream_config",
     "work_stream_config",
 ]
 
@@ -281,6 +289,29 @@ def dead_letter_stream_config(*, storage: str = "memory", replicas: int = 1) -> 
         replicas=replicas,
         retention="limits",
         discard="old",
+    )
+
+
+def direct_stream_config(
+    pool: str,
+    machine_profile: str,
+    bundle: str,
+    worker_id: str,
+    *,
+    storage: str = "memory",
+    replicas: int = 1,
+) -> StreamConfig:
+    """``WORK_DIRECT_{worker}`` capturing ``sie.work.{pool}.{profile}.{bundle}.*.{worker}``
+    (architecture §8): generation items dispatched to one worker wait here while it
+    restarts. Kept 5 minutes at most: a gateway gives up on an unaccepted item long before.
+    """
+    return StreamConfig(
+        name=direct_stream_name(worker_id),
+        subjects=[direct_filter(pool, machine_profile, bundle, worker_id)],
+        max_msgs=10_000,
+        max_age_s=300.0,
+        storage=storage,
+        replicas=replicas,
     )
 
 

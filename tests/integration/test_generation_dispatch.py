@@ -13,8 +13,9 @@ import anyio
 import httpx
 import pytest
 
-from sie.core.subjects import direct_filter, health_subject
+from sie.core.subjects import direct_filter, direct_stream_name, health_subject
 from sie.core.wire import GenerationChunk, Heartbeat, WorkItem
+from sie.transport.base import ConsumerConfig, direct_stream_config
 from tests.conftest import Stack, run_stack, wait_for
 
 LLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -35,12 +36,21 @@ def test_no_worker_is_provisioning_in_the_openai_envelope(gateway_only: Stack) -
     assert r.json()["error"]["code"] == "provisioning"
 
 
-def scripted_worker(stack: Stack, seqs: list[int], seen: list[WorkItem]) -> Any:
+def scripted_worker(
+    stack: Stack,
+    seqs: list[int],
+    seen: list[WorkItem],
+    worker_id: str = "fake-w",
+    hang_after: int | None = None,
+) -> Any:
     """A fake worker that heartbeats, records what it is sent and answers with
-    chunks numbered ``seqs``."""
+    chunks numbered ``seqs``. With ``hang_after``, it hangs once it has sent that many
+    chunks of an item (0: it never accepts): no more chunks, no more heartbeats, as a
+    SIGSTOPped or dead worker."""
     bus = stack.running.bus
+    hung = anyio.Event()
     hb = Heartbeat(
-        worker_id="fake-w",
+        worker_id=worker_id,
         pool="default",
         machine_profile="default",
         bundle="default",
@@ -49,20 +59,37 @@ def scripted_worker(stack: Stack, seqs: list[int], seen: list[WorkItem]) -> Any:
     )
 
     async def run(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        sub = await bus.subscribe(direct_filter("default", "default", "default", "fake-w"))
+        # a worker's durable direct dispatch: its own stream and pull consumer
+        await bus.add_stream(direct_stream_config("default", "default", "default", worker_id))
+        consumer = await bus.pull_consumer(
+            direct_stream_name(worker_id),
+            ConsumerConfig(
+                durable="direct",
+                filter_subject=direct_filter("default", "default", "default", worker_id),
+            ),
+        )
+
+        async def items() -> Any:
+            while True:
+                for msg in await consumer.fetch(8, timeout_s=1.0):
+                    await msg.ack()
+                    yield msg
 
         async def beat() -> None:
-            while True:
-                await bus.publish(health_subject("fake-w"), hb.to_bytes())
+            while not hung.is_set():
+                await bus.publish(health_subject(worker_id), hb.to_bytes())
                 await anyio.sleep(0.1)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(beat)
             task_status.started()
-            async for msg in sub:
+            async for msg in items():
                 item = WorkItem.from_bytes(msg.data)
                 seen.append(item)
-                for seq in seqs:
+                for n, seq in enumerate(seqs):
+                    if n == hang_after:
+                        hung.set()
+                        await anyio.sleep_forever()
                     last = seq == seqs[-1]
                     chunk = GenerationChunk(
                         request_id=item.request_id,
@@ -72,6 +99,7 @@ def scripted_worker(stack: Stack, seqs: list[int], seen: list[WorkItem]) -> Any:
                         finish_reason="stop" if last else None,
                         prompt_tokens=3 if last else None,
                         completion_tokens=len(seqs) - 1 if last else None,
+                        worker_id=worker_id,
                     )
                     await bus.publish(item.reply_subject, chunk.to_bytes())
 
@@ -114,5 +142,44 @@ def test_a_lost_chunk_fails_the_stream(gateway_only: Stack) -> None:
         assert any(ln.startswith("event: error") for ln in lines), lines
         assert "lost chunks" in "\n".join(lines) and "data: [DONE]" not in lines
         assert not any("t3" in ln for ln in lines)  # nothing after the gap is emitted
+    finally:
+        future.cancel()
+
+
+def test_a_worker_lost_before_accepting_is_replaced(gateway_only: Stack) -> None:
+    # "a-hung" sorts first, so it is offered the generation first; it never accepts and
+    # its heartbeats stop (a SIGSTOPped worker): the gateway offers it to "fake-w"
+    hung_seen: list[WorkItem] = []
+    seen: list[WorkItem] = []
+    portal = gateway_only.portal
+    hung = portal.start_task_soon(
+        scripted_worker(gateway_only, [0, 1, 2], hung_seen, worker_id="a-hung", hang_after=0)
+    )
+    good = portal.start_task_soon(scripted_worker(gateway_only, [0, 1, 2], seen))
+    try:
+        gw = gateway_only.running.gateway
+        assert gw is not None
+        wait_for(lambda: {"a-hung", "fake-w"} <= {h.worker_id for h in gw.live_workers()}, 10)
+        lines = lines_of(gateway_only)
+        assert lines[-1] == "data: [DONE]" and not any("event: error" in ln for ln in lines)
+        assert len(hung_seen) == 1 and len(seen) == 1  # offered to both, served by one
+        assert seen[0].request_id == hung_seen[0].request_id
+    finally:
+        hung.cancel()
+        good.cancel()
+
+
+def test_a_worker_lost_mid_stream_ends_it_with_an_error_event(gateway_only: Stack) -> None:
+    future = gateway_only.portal.start_task_soon(
+        scripted_worker(gateway_only, [0, 1, 2, 3], [], hang_after=2)
+    )
+    try:
+        gw = gateway_only.running.gateway
+        assert gw is not None
+        wait_for(lambda: any(h.worker_id == "fake-w" for h in gw.live_workers()), 10)
+        lines = lines_of(gateway_only)
+        assert any("t1" in ln for ln in lines)  # the first token reached the client
+        assert any(ln.startswith("event: error") for ln in lines), lines
+        assert "worker_lost" in "\n".join(lines) and "data: [DONE]" not in lines
     finally:
         future.cancel()

@@ -59,6 +59,13 @@ class WorkerDirectory:
             if now - w.seen_at <= 3 * max(w.heartbeat.interval_s, 0.1)
         ]
 
+    def is_live(self, worker_id: str) -> bool:
+        """Whether ``worker_id`` was heard from within three of its heartbeat intervals."""
+        view = self.workers.get(worker_id)
+        if view is None:
+            return False
+        return time.monotonic() - view.seen_at <= 3 * max(view.heartbeat.interval_s, 0.1)
+
     def in_startup_grace(self) -> bool:
         """Whether the directory has listened for less than three heartbeat intervals
         (so it cannot yet know that a lane has no worker)."""

@@ -4,10 +4,12 @@ the chunks back in order (architecture §2, §8.2, §15.1; admission-gate.md).
 ``GenerationDispatch.open`` is an async context manager: it chooses a live worker of
 the model's lane (one that has the model loaded first, then the least loaded by its
 engine's own running + waiting), waits for the admission gate, publishes the
-``WorkItem`` (operation ``generate``, the raw body in ``item``) on
-``sie.work.{pool}.{profile}.{bundle}.{model}.{worker_id}``, and waits for the
-worker's first chunk (``seq`` 0: accepted, or the request's error, raised here as the
-``SieError`` it names). It yields an async iterator of the following chunks in
+``WorkItem`` (operation ``generate``, the raw body in ``item``) durably on
+``sie.work.{pool}.{profile}.{bundle}.{model}.{worker_id}`` (the worker's direct
+stream; the lane's pool stream when it has none), and waits for the worker's first
+chunk (``seq`` 0: accepted, or the request's error, raised here as the ``SieError``
+it names). A worker lost before accepting is replaced by another; one lost after
+ends the stream with ``WORKER_LOST`` (``sie.roles.gateway.direct``). It yields an async iterator of the following chunks in
 ``seq`` order; a gap raises ``QueueUnavailable`` instead of emitting text out of
 order. Leaving the block before the last chunk (client gone, timeout) publishes
 ``work_cancel``, which aborts the request in the engine.
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectSendStream
 from opentelemetry import propagate
 
 from sie.core.admission import EngineState
@@ -33,13 +35,15 @@ from sie.core.errors import (
     Provisioning,
     QueueUnavailable,
     SieError,
+    WorkerLost,
     error_for_code,
 )
 from sie.core.registry import ModelRegistry
-from sie.core.subjects import cancel_subject, direct_subject, inbox_subject
+from sie.core.subjects import cancel_subject, inbox_subject
 from sie.core.wire import GenerationChunk, Heartbeat, WorkItem
 from sie.roles.gateway.admission import AdmissionGate
 from sie.roles.gateway.collect import load_failure_fields
+from sie.roles.gateway.direct import MAX_ATTEMPTS, next_chunk, send_generation, wait_accept
 from sie.roles.gateway.directory import WorkerDirectory
 from sie.roles.gateway.lanes import LaneTelemetry
 from sie.roles.gateway.offload import offload_large
@@ -156,16 +160,20 @@ class GenerationDispatch:
 
     # -- dispatch -----------------------------------------------------------------------
 
-    def choose_worker(self, model: str, pool: str, profile: str, bundle: str) -> str:
-        """A live, ready worker of the lane: one with ``model`` loaded first, then the
-        least loaded (its engine's running + waiting, plus what this gateway has sent it
-        since).
+    def choose_worker(
+        self, model: str, pool: str, profile: str, bundle: str, exclude: set[str] | None = None
+    ) -> str:
+        """A live, ready worker of the lane (not in ``exclude``): one with ``model``
+        loaded first, then the least loaded (its engine's running + waiting, plus what
+        this gateway has sent it since).
 
         Raises:
             Provisioning: no live worker serves the lane (503, Retry-After 60).
         """
         candidates: list[tuple[int, int, str]] = []
         for hb in self.directory.live():
+            if exclude and hb.worker_id in exclude:
+                continue
             if not hb.ready or (hb.pool.lower(), hb.machine_profile.lower(), hb.bundle) != (
                 pool,
                 profile,
@@ -259,6 +267,7 @@ class GenerationDispatch:
             )
         pool_, profile = lane_of(entry, pool, machine_profile, self.default_machine_profile)
         lane = gw.lanes.lane(pool_, profile, bundle)
+        worker_id: str | None = None
         try:
             worker_id = self.choose_worker(entry.model_id, pool_, profile, bundle)
         except Provisioning:
@@ -287,10 +296,9 @@ class GenerationDispatch:
         )
         finished = False
         gw.lanes.add_in_flight(lane, 1)
-        self.open_by_worker[worker_id] = self.open_by_worker.get(worker_id, 0) + 1
         stored: list[str] = []
+        attempts: list[str] = []  # the workers offered this generation, in order
         try:
-            subject = direct_subject(pool_, profile, bundle, entry.model_id, worker_id)
             work = [(item.work_item_id, item.to_bytes())]
             await offload_large(
                 work,
@@ -301,26 +309,68 @@ class GenerationDispatch:
                 request_id=request_id,
                 metrics=self.metrics,
             )
-            await gw.bus.publish(subject, work[0][1])
-            gw.lanes.clear_demand(lane)
-            with anyio.move_on_after(ACCEPT_TIMEOUT_S) as scope:
-                first = await receive.receive()
-            if scope.cancelled_caught:
-                raise GatewayTimeout(
-                    f"worker {worker_id!r} did not accept the generation within "
-                    f"{ACCEPT_TIMEOUT_S:g}s",
-                    request_id=request_id,
+            first: GenerationChunk | None = None
+            while first is None:  # offered to one live worker after another (direct.py)
+                if worker_id is None:
+                    worker_id = self.choose_worker(
+                        entry.model_id, pool_, profile, bundle, exclude=set(attempts)
+                    )
+                attempts.append(worker_id)
+                self._hold(worker_id, 1)
+                via = await send_generation(
+                    gw.bus,
+                    work[0][1],
+                    msg_id=f"{item.work_item_id}.a{len(attempts)}",
+                    lane=(pool_, profile, bundle),
+                    model_id=entry.model_id,
+                    worker_id=worker_id,
                 )
+                gw.lanes.clear_demand(lane)
+                try:
+                    first = await wait_accept(
+                        receive,
+                        via,
+                        self.directory.is_live,
+                        anyio.current_time() + ACCEPT_TIMEOUT_S,
+                    )
+                except TimeoutError:
+                    raise GatewayTimeout(
+                        f"worker {worker_id!r} did not accept the generation within "
+                        f"{ACCEPT_TIMEOUT_S:g}s",
+                        request_id=request_id,
+                    ) from None
+                if first is None:
+                    log.warning(
+                        "generation %s: worker %s was lost before accepting", request_id, worker_id
+                    )
+                    self._hold(worker_id, -1)
+                    worker_id = None
+                    if len(attempts) >= MAX_ATTEMPTS:
+                        raise WorkerLost(
+                            f"{len(attempts)} workers were lost before accepting the "
+                            "generation; retry later",
+                            request_id=request_id,
+                        )
             if first.error_code is not None:
                 finished = True
                 raise chunk_error(first)
-            if first.seq != 0:
-                raise QueueUnavailable(f"generation stream out of order: got seq {first.seq}")
+            assert worker_id is not None  # set by the attempt that was accepted
+            if first.worker_id and first.worker_id != worker_id:  # taken from the pool
+                self._hold(worker_id, -1)
+                worker_id = first.worker_id
+                self._hold(worker_id, 1)
+            accepted = worker_id
 
             async def rest() -> AsyncIterator[GenerationChunk]:
                 nonlocal finished
                 expected = 1
-                async for chunk in _iterate(receive):
+                while True:
+                    try:
+                        chunk = await next_chunk(
+                            receive, accepted, self.directory.is_live, expected - 1
+                        )
+                    except anyio.EndOfStream:
+                        break
                     if chunk.seq != expected:
                         raise QueueUnavailable(
                             f"generation stream lost chunks: expected {expected}, got {chunk.seq}"
@@ -333,18 +383,17 @@ class GenerationDispatch:
                         return
                 raise QueueUnavailable("generation stream ended without its last chunk")
 
-            yield GenerationStream(request_id, worker_id, rest())
+            yield GenerationStream(request_id, accepted, rest())
         finally:
             self._streams.pop(request_id, None)
             send.close()
             gw.lanes.add_in_flight(lane, -1)
-            left = self.open_by_worker.get(worker_id, 1) - 1
-            if left:
-                self.open_by_worker[worker_id] = left
-            else:
-                self.open_by_worker.pop(worker_id, None)
+            if worker_id is not None:
+                self._hold(worker_id, -1)
             with anyio.CancelScope(shield=True):
-                if not finished:
+                # a generation offered to several workers may still run on one that was
+                # only slow: the cancel stops it (the request is over)
+                if not finished or len(attempts) > 1:
                     try:
                         await gw.bus.publish(cancel_subject(gw.router_id, request_id), b"")
                     except SieError as exc:
@@ -355,15 +404,13 @@ class GenerationDispatch:
                     except SieError as exc:
                         log.warning("cannot delete the payload of %s: %s", request_id, exc)
 
-
-async def _iterate(
-    receive: MemoryObjectReceiveStream[GenerationChunk],
-) -> AsyncIterator[GenerationChunk]:
-    try:
-        async for chunk in receive:
-            yield chunk
-    except anyio.EndOfStream:
-        return
+    def _hold(self, worker_id: str, n: int) -> None:
+        """Count ``n`` more (or fewer) open generations on ``worker_id``."""
+        left = self.open_by_worker.get(worker_id, 0) + n
+        if left > 0:
+            self.open_by_worker[worker_id] = left
+        else:
+            self.open_by_worker.pop(worker_id, None)
 
 
 def chunk_error(chunk: GenerationChunk) -> SieError:

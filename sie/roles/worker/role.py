@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import anyio
 import anyio.abc
@@ -26,7 +27,6 @@ from sie.core.registry import ModelEntry, ModelRegistry
 from sie.core.subjects import (
     CANCEL_WILDCARD,
     config_subject,
-    direct_filter,
     health_subject,
     lane_filter,
     stream_name,
@@ -43,6 +43,7 @@ from sie.core.wire import (
 from sie.engines.runtime.cache import ModelCache
 from sie.roles.config_sync import run_config_sync
 from sie.roles.worker.cancels import Cancellations
+from sie.roles.worker.direct import run_direct
 from sie.roles.worker.generation import run_generation
 from sie.roles.worker.payloads import error_result, fetch_item, publish_result
 from sie.roles.worker.tasks import run_task
@@ -145,13 +146,9 @@ class WorkerRole:
                 "--bundles-dir, or SIE_CONFIG_SERVICE_URL to load it from the config service)"
             )
         cancels = await self.bus.subscribe(CANCEL_WILDCARD)
-        direct = await self.bus.subscribe(
-            direct_filter(s.pool, s.machine_profile, s.bundle, self.worker_id)
-        )
         async with anyio.create_task_group() as tg:
             await tg.start(self.models.run)
             tg.start_soon(self._read_cancels, cancels)
-            tg.start_soon(self._read_direct, direct, tg)
             await tg.start(run_config_sync, self.bus, self.sync, config_subject(s.bundle))
             task_status.started()
             await self._await_bundle()
@@ -159,6 +156,8 @@ class WorkerRole:
             tg.start_soon(self._heartbeats)
             tg.start_soon(self._keep_held_alive)
             consumer = await self._attach()
+            # generations sent to this worker (architecture §8): durable, per worker
+            tg.start_soon(run_direct, self.bus, s, self.streams, self._start_generation(tg))
             for entry in preload:
                 try:
                     await self.models.get(entry)
@@ -225,15 +224,13 @@ class WorkerRole:
         async for msg in sub:
             self.cancels.cancel(msg.subject.rsplit(".", 1)[-1])
 
-    async def _read_direct(self, sub: Subscription, tg: anyio.abc.TaskGroup) -> None:
-        """Worker-direct work (generation, architecture §8.2): one task per request."""
-        async for msg in sub:
-            try:
-                item = WorkItem.from_bytes(msg.data)
-            except SieError as exc:
-                log.error("undecodable direct work item on %s: %s", msg.subject, exc.message)
-                continue
+    def _start_generation(self, tg: anyio.abc.TaskGroup) -> Callable[[WorkItem], None]:
+        """Run each generation handed over in its own task of ``tg``."""
+
+        def start(item: WorkItem) -> None:
             tg.start_soon(self._generate, item)
+
+        return start
 
     async def _generate(self, item: WorkItem) -> None:
         """Run one generation, streaming its chunks to ``item.reply_subject``; a
@@ -371,6 +368,10 @@ class WorkerRole:
             # rather than failing the request with a 404 (architecture §4.2).
             await self._resync_soon()
             await msg.nak(CONFIG_LAG_RETRY_S)
+            return
+        if item.operation == "generate":  # sent to the pool: its worker had no direct stream
+            await msg.ack()
+            await self._generate(item)
             return
         t0 = time.monotonic()
         scope = self.cancels.open(item.request_id)
