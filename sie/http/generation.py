@@ -233,9 +233,8 @@ class GenerationResponse:
             try:
                 body = await self._run(write, keepalive if self.stream else None, parked)
                 if body is not None:
-                    await start(
-                        200, b"application/json", [(b"content-length", str(len(body)).encode())]
-                    )
+                    length = (b"content-length", str(len(body)).encode())
+                    await start(200, b"application/json", [length, *self._worker_header()])
                     await send({"type": "http.response.body", "body": body, "more_body": False})
                     tg.cancel_scope.cancel()
                     return

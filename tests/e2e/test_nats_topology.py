@@ -33,14 +33,33 @@ REQUEST_TIMEOUT_S = 30  # the gateway's default (SIE_GATEWAY_REQUEST_TIMEOUT)
 
 
 class Topology:
-    def __init__(self, tmp: Path) -> None:
+    """config, two gateways and two workers (``w1``, ``w2``) as ``sie serve`` processes
+    on one nats-server. ``env``: extra settings for every process (default settings
+    otherwise); ``preload``: the workers' ``--preload`` models."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        env: dict[str, str] | None = None,
+        preload: tuple[str, ...] = (MINILM,),
+    ) -> None:
         self.tmp = tmp
         self.nats = NatsServer(tmp / "nats")
         self.gw_ports, self.cfg_port = (free_port(), free_port()), free_port()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.env = env or {}
+        self.preload = preload
+        self._spawned: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
+
+    def respawn(self, name: str) -> None:
+        """Start ``name`` again as it was first started (after a kill)."""
+        args, env = self._spawned[name]
+        self.spawn(name, *args, **env)
 
     def spawn(self, name: str, *args: str, **env: str) -> None:
-        log = open(self.tmp / f"{name}.log", "w")  # noqa: SIM115 - owned by the child
+        self._spawned[name] = (args, env)
+        log = open(self.tmp / f"{name}.log", "a")  # noqa: SIM115 - owned by the child
         self.procs[name] = subprocess.Popen(
             [
                 sie_bin(),
@@ -53,7 +72,7 @@ class Topology:
                 *args,
             ],
             cwd=ROOT,
-            env={**os.environ, **env},  # default settings: the test is about the defaults
+            env={**os.environ, **self.env, **env},  # default settings unless given
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -91,10 +110,14 @@ class Topology:
                 w,
                 "--roles=worker",
                 "--preload",
-                MINILM,
+                *self.preload,
                 SIE_CONFIG_SERVICE_URL=config_url,
                 SIE_WORKER_ID=w,
             )
+        self.wait_ready()
+
+    def wait_ready(self, workers: int = 2) -> None:
+        """Until every gateway sees ``workers`` ready workers."""
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             for name, p in self.procs.items():
@@ -106,7 +129,7 @@ class Topology:
                         for w in httpx.get(f"{b}/health", timeout=1).json()["workers"]
                         if w["ready"]
                     )
-                    == 2
+                    == workers
                     for b in self.bases
                 ):
                     return
