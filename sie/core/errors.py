@@ -39,6 +39,7 @@ Tree::
     ├── UnsupportedMediaType       415 UNSUPPORTED_MEDIA_TYPE (a charset other than UTF-8)
     ├── ModelLoading               503 MODEL_LOADING      (retryable, Retry-After 5)
     ├── ModelLoadFailed            502 MODEL_LOAD_FAILED  (terminal, no Retry-After)
+    ├── LoraLoading                503 LORA_LOADING       (retryable, Retry-After 1)
     ├── InferenceError             500 INFERENCE_ERROR
     │   └── AllItemsFailed         500 ALL_ITEMS_FAILED   (every item failed, with different codes)
     ├── ResourceExhausted          503 RESOURCE_EXHAUSTED (retryable, Retry-After 5)
@@ -76,6 +77,7 @@ __all__ = [
     "InferenceError",
     "InvalidInput",
     "InvalidModelId",
+    "LoraLoading",
     "ModelIdConflict",
     "ModelLimitExceeded",
     "ModelLoadFailed",
@@ -305,6 +307,16 @@ class ModelLoadFailed(SieError):
     status = 502
 
 
+class LoraLoading(SieError):
+    """A LoRA adapter the request names is still loading (architecture §2); the SDK
+    retries it up to ten times. Recognised on the wire; no shipped engine loads LoRA
+    adapters yet."""
+
+    code = "LORA_LOADING"
+    status = 503
+    retry_after_s = 1
+
+
 class InferenceError(SieError):
     code = "INFERENCE_ERROR"
     status = 500
@@ -435,6 +447,7 @@ _BY_CODE: dict[str, type[SieError]] = {
         RequestTimeout,
         ModelLoading,
         ModelLoadFailed,
+        LoraLoading,
         InferenceError,
         AllItemsFailed,
         ResourceExhausted,

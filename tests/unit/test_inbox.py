@@ -102,13 +102,22 @@ def failed(i: int, code: str, details: object = None) -> WorkResult:
 def test_how_failed_items_become_one_error() -> None:
     import pytest
 
-    from sie.core.errors import AllItemsFailed, InferenceError, ModelLoadFailed, ModelLoading
+    from sie.core.errors import (
+        AllItemsFailed,
+        InferenceError,
+        LoraLoading,
+        ModelLoadFailed,
+        ModelLoading,
+    )
     from sie.roles.gateway.collect import raise_failures
 
     raise_failures([result(0), result(1)])  # nothing failed
     with pytest.raises(ModelLoading) as loading:
         raise_failures([failed(0, "MODEL_LOADING"), failed(1, "MODEL_LOADING")])
     assert loading.value.status == 503 and loading.value.retry_after_s == 5
+    with pytest.raises(LoraLoading) as lora:  # recognised on the wire (architecture §2)
+        raise_failures([failed(0, "LORA_LOADING")])
+    assert lora.value.status == 503 and lora.value.retry_after_s == 1
     with pytest.raises(AllItemsFailed) as mixed:
         raise_failures([failed(0, "MODEL_LOADING"), failed(1, "RESOURCE_EXHAUSTED")])
     assert mixed.value.status == 500 and mixed.value.code == "ALL_ITEMS_FAILED"
