@@ -73,6 +73,8 @@ class ServeSettings(BaseModel):
     # backpressure (architecture §2)
     max_stream_pending: int = Field(default=50_000, gt=0)
     max_lane_in_flight_items: int = Field(default=10_000, gt=0)
+    # a request's items in the work stream at once (fairness, docs/api.md §10)
+    request_window_items: int = Field(default=128, ge=1, le=100_000)
     lane_backpressure_enforce: bool = False
     # streams (architecture §8.2)
     stream_max_age_s: float = 1800.0
@@ -315,6 +317,7 @@ ENV_VARS: dict[str, str] = {
     "SIE_MAX_LARGE_BODY_READS": "max_large_body_reads",
     "SIE_GATEWAY_MAX_STREAM_PENDING": "max_stream_pending",
     "SIE_GATEWAY_MAX_LANE_IN_FLIGHT_ITEMS": "max_lane_in_flight_items",
+    "SIE_GATEWAY_REQUEST_WINDOW_ITEMS": "request_window_items",
     "SIE_GATEWAY_LANE_BACKPRESSURE_ENFORCE": "lane_backpressure_enforce",
     "SIE_STREAM_MAX_AGE_S": "stream_max_age_s",
     "SIE_STREAM_MAX_MSGS": "stream_max_msgs",

@@ -110,6 +110,9 @@ ENV_DOCS: dict[str, EnvDoc] = {
     "SIE_GATEWAY_MAX_STREAM_PENDING": EnvDoc(
         "gateway: 503 `QUEUE_FULL` (Retry-After 5) when the pool's work stream holds this many items"
     ),
+    "SIE_GATEWAY_REQUEST_WINDOW_ITEMS": EnvDoc(
+        "items of one request in the work stream and on the workers at once; the rest are published as its results arrive, so a small request is never stuck behind a large one ([api.md](api.md) §10). Larger: more throughput for a lone large request, less fairness"
+    ),
     "SIE_GATEWAY_MAX_LANE_IN_FLIGHT_ITEMS": EnvDoc(
         "gateway: per-lane in-flight items before a lane rejection is counted"
     ),

@@ -104,6 +104,7 @@ class GatewaySettings(SettingsView):
     heartbeat_interval_s: float
     max_lane_in_flight_items: int
     lane_backpressure_enforce: bool
+    request_window_items: int
 
 
 class WorkerSettings(SettingsView):

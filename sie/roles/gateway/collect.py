@@ -40,16 +40,18 @@ class Collector:
     failure: SieError | None = None
 
 
-#: Items of one request in the work stream and on the workers at once: a larger
+#: Items of one request in the work stream and on the workers at once, by default
+#: (``SIE_GATEWAY_REQUEST_WINDOW_ITEMS``): a larger
 #: request publishes the rest as its results arrive, so the stream never holds a long
 #: run of one request's items and a small request's item is near the front (the
 #: worker's batcher then serves requests round-robin; docs/api.md §10).
 REQUEST_WINDOW_ITEMS = 128
 
 
-def window_credits(n: int) -> anyio.Semaphore | None:
-    """The publishing window of an ``n``-item request (None: it fits at once)."""
-    return anyio.Semaphore(REQUEST_WINDOW_ITEMS) if n > REQUEST_WINDOW_ITEMS else None
+def window_credits(n: int, window: int = REQUEST_WINDOW_ITEMS) -> anyio.Semaphore | None:
+    """The publishing window of an ``n``-item request (None: it fits at once);
+    ``window`` is ``SIE_GATEWAY_REQUEST_WINDOW_ITEMS``."""
+    return anyio.Semaphore(window) if n > window else None
 
 
 @dataclass(slots=True)

@@ -388,7 +388,9 @@ class GatewayRole:
         subject = work_subject(pool, profile, bundle, model_id)
         request_id = routing.request_id or uuid7()
         reply = inbox_subject(self.router_id, request_id)
-        col = Collector(n, [None] * n, n, credits=window_credits(n))
+        col = Collector(
+            n, [None] * n, n, credits=window_credits(n, self.settings.request_window_items)
+        )
         self.lanes.add_in_flight(lane, n)
         self._pending[request_id] = col
         published = False
