@@ -37,6 +37,7 @@ from sie.roles.config_sync import build_config_sync
 from sie.roles.gateway import GatewayRole
 from sie.roles.gateway.admission import AdmissionGate, admission_config
 from sie.roles.gateway.directory import WorkerDirectory
+from sie.roles.gateway.pools import PoolManager
 from sie.roles.trust import config_trust
 from sie.roles.worker import WorkerRole
 from sie.roles.worker.models import build_model_cache
@@ -53,6 +54,7 @@ from sie.telemetry import METRICS, Metrics
 from sie.transport.base import Bus
 from sie.transport.memory import MemoryBus
 from sie.transport.payloads import FsspecPayloadStore, PayloadStore
+from sie.transport.pools import MemoryPoolStore, PoolStore
 
 __all__ = [
     "Container",
@@ -114,6 +116,21 @@ def build_payload_store(settings: ServeSettings) -> PayloadStore:
     return FsspecPayloadStore(url)
 
 
+def build_pool_store(settings: ServeSettings, bus: Bus) -> PoolStore:
+    """Where pools are kept (docs/pools.md): ``SIE_POOL_STORE``, else a JetStream
+    key-value bucket with the NATS bus (every gateway on the broker shares it) and this
+    process's memory with the memory bus."""
+    kind = settings.pool_store or ("nats" if settings.bus == "nats" else "memory")
+    if kind == "memory":
+        return MemoryPoolStore()
+    from sie.transport.nats import NatsBus
+    from sie.transport.nats_kv import NatsKvPoolStore
+
+    if not isinstance(bus, NatsBus):
+        raise ConfigError("SIE_POOL_STORE=nats needs the NATS bus (--bus=nats)", field="pool_store")
+    return NatsKvPoolStore(bus, replicas=settings.stream_replicas)
+
+
 @dataclass
 class Running:
     """What a started container exposes (ports are the real bound ports).
@@ -172,10 +189,12 @@ def build_gateway_role(
     config_service_url: str | None = None,
     metrics: Metrics = METRICS,
     payloads: PayloadStore | None = None,
+    pool_store: PoolStore | None = None,
 ) -> GatewayRole:
     """A gateway role with its collaborators built from ``settings``' views: config
     sync, the admission gate and the worker directory (docs/architecture.md §1). No I/O."""
     gateway = settings.view(GatewaySettings)
+    directory = WorkerDirectory(gateway.heartbeat_interval_s)
     return GatewayRole(
         bus,
         registry,
@@ -184,8 +203,14 @@ def build_gateway_role(
         limits=settings.view(LimitsSettings),
         sync=_config_sync(registry, settings, config_service_url, metrics, "gateway"),
         admission=AdmissionGate(admission_config(settings.view(AdmissionSettings)), metrics),
-        directory=WorkerDirectory(gateway.heartbeat_interval_s),
+        directory=directory,
         payloads=payloads if payloads is not None else build_payload_store(settings),
+        pools=PoolManager(
+            pool_store if pool_store is not None else build_pool_store(settings, bus),
+            directory,
+            registry,
+            static_queue_pools=gateway.static_queue_pools,
+        ),
         metrics=metrics,
     )
 

@@ -75,6 +75,10 @@ class ServeSettings(BaseModel):
     max_lane_in_flight_items: int = Field(default=10_000, gt=0)
     # a request's items in the work stream at once (fairness, docs/api.md §10)
     request_window_items: int = Field(default=128, ge=1, le=100_000)
+    # pools (docs/pools.md): deploy-owned queue pools API pools may be backed by, and
+    # where pools are kept (None: NATS key-value with the NATS bus, else memory)
+    static_queue_pools: tuple[str, ...] = ()
+    pool_store: Literal["memory", "nats"] | None = None
     lane_backpressure_enforce: bool = False
     # streams (architecture §8.2)
     stream_max_age_s: float = 1800.0
@@ -255,6 +259,18 @@ class ServeSettings(BaseModel):
             update={"read_token": SecretStr(token) if token else None}
         )
 
+    @field_validator("static_queue_pools", mode="before")
+    @classmethod
+    def _queue_pools(cls, v: object) -> tuple[str, ...]:
+        raw = v.split(",") if isinstance(v, str) else list(v)  # type: ignore[call-overload]
+        out = []
+        for name in (str(x).strip() for x in raw):
+            if name and not re.fullmatch(r"[A-Za-z0-9_-]{1,63}", name):
+                raise ValueError(f"queue pool {name!r} must be 1-63 of [A-Za-z0-9_-]")
+            if name:
+                out.append(name.lower())
+        return tuple(dict.fromkeys(out))
+
     @field_validator("preload", mode="before")
     @classmethod
     def _csv(cls, v: object) -> tuple[str, ...]:
@@ -318,6 +334,8 @@ ENV_VARS: dict[str, str] = {
     "SIE_GATEWAY_MAX_STREAM_PENDING": "max_stream_pending",
     "SIE_GATEWAY_MAX_LANE_IN_FLIGHT_ITEMS": "max_lane_in_flight_items",
     "SIE_GATEWAY_REQUEST_WINDOW_ITEMS": "request_window_items",
+    "SIE_GATEWAY_STATIC_QUEUE_POOLS": "static_queue_pools",
+    "SIE_POOL_STORE": "pool_store",
     "SIE_GATEWAY_LANE_BACKPRESSURE_ENFORCE": "lane_backpressure_enforce",
     "SIE_STREAM_MAX_AGE_S": "stream_max_age_s",
     "SIE_STREAM_MAX_MSGS": "stream_max_msgs",

@@ -110,6 +110,13 @@ ENV_DOCS: dict[str, EnvDoc] = {
     "SIE_GATEWAY_MAX_STREAM_PENDING": EnvDoc(
         "gateway: 503 `QUEUE_FULL` (Retry-After 5) when the pool's work stream holds this many items"
     ),
+    "SIE_GATEWAY_STATIC_QUEUE_POOLS": EnvDoc(
+        "comma-separated deploy-owned queue pools (workers run with `SIE_POOL` set to one): API pools may name them as `queue_pool`, and `X-SIE-Pool` may name them directly ([pools.md](pools.md))"
+    ),
+    "SIE_POOL_STORE": EnvDoc(
+        "where gateways keep pools: `memory` (this process) or `nats` (a JetStream key-value bucket every gateway on the broker shares)",
+        unset="`nats` with the NATS bus, else `memory`",
+    ),
     "SIE_GATEWAY_REQUEST_WINDOW_ITEMS": EnvDoc(
         "items of one request in the work stream and on the workers at once; the rest are published as its results arrive, so a small request is never stuck behind a large one ([api.md](api.md) §10). Larger: more throughput for a lone large request, less fairness"
     ),

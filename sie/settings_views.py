@@ -105,6 +105,8 @@ class GatewaySettings(SettingsView):
     max_lane_in_flight_items: int
     lane_backpressure_enforce: bool
     request_window_items: int
+    static_queue_pools: tuple[str, ...]
+    pool_store: Literal["memory", "nats"] | None
 
 
 class WorkerSettings(SettingsView):

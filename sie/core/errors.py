@@ -17,6 +17,8 @@ Tree::
     ├── InvalidInput               400 INVALID_INPUT      (names the field)
     ├── ModelNotFound              404 MODEL_NOT_FOUND
     ├── BundleNotFound             404 BUNDLE_NOT_FOUND
+    ├── PoolNotFound               404 POOL_NOT_FOUND     (X-SIE-Pool names no pool: fails closed)
+    ├── PoolConflict               409 POOL_CONFLICT      (exists with another spec / changed meanwhile)
     ├── ConfigError                400 INVALID_CONFIG     (bad model/bundle YAML; names keys)
     │   ├── ParseError             400 PARSE_ERROR        (not YAML / not a mapping)
     │   ├── InvalidModelId         400 INVALID_MODEL_ID   (architecture §3 _validate_model_id)
@@ -86,6 +88,8 @@ __all__ = [
     "ParseError",
     "PayloadTooLarge",
     "PayloadUnavailable",
+    "PoolConflict",
+    "PoolNotFound",
     "Provisioning",
     "PublisherUnavailable",
     "QueueUnavailable",
@@ -182,6 +186,21 @@ class ModelNotFound(SieError):
 class BundleNotFound(SieError):
     code = "BUNDLE_NOT_FOUND"
     status = 404
+
+
+class PoolNotFound(SieError):
+    """A named pool that does not exist (or whose lease ran out): requests for it fail
+    closed rather than spill onto shared capacity (architecture §16.3)."""
+
+    code = "POOL_NOT_FOUND"
+    status = 404
+
+
+class PoolConflict(SieError):
+    """The pool exists with another spec, or changed since it was read (409)."""
+
+    code = "POOL_CONFLICT"
+    status = 409
 
 
 class ConfigError(SieError):
@@ -425,6 +444,8 @@ _BY_CODE: dict[str, type[SieError]] = {
         WireError,
         ModelNotFound,
         BundleNotFound,
+        PoolNotFound,
+        PoolConflict,
         ConfigError,
         UnroutableModel,
         ParseError,

@@ -13,6 +13,7 @@ Routes:
     GET  /readyz                   ``ok`` while serving; 503 ``draining`` during shutdown (§4)
     GET  /health                   workers and their loaded models (JSON)
     GET  /metrics                  Prometheus text
+    /v1/pools...                   the pool API (sie.http.pools)
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from sie.http.inference import encode, extract, score
 from sie.http.limits import BodyBudget, RequestLimits
 from sie.http.negotiation import read_payload
 from sie.http.openai import embeddings
+from sie.http.pools import pool_routes
 from sie.roles.gateway import GatewayRole
 from sie.telemetry import METRICS, Metrics
 
@@ -83,7 +85,7 @@ def model_info(entry: ModelEntry, gateway: GatewayRole) -> dict[str, Any]:
     """ModelInfo (docs/api.md §7) plus the routing facts ``bundles`` and ``pool`` and
     the workers' ``loads`` / ``evictions`` counts."""
     cfg = entry.config
-    state, last_error = gateway.model_state(entry.model_id)
+    state, last_error = gateway.directory.model_state(entry.model_id)
     is_variant = entry.model_id != cfg.sie_id
     return {
         "name": entry.model_id,
@@ -99,7 +101,7 @@ def model_info(entry: ModelEntry, gateway: GatewayRole) -> dict[str, Any]:
         else {p: {"is_default": p == "default"} for p in cfg.profiles},
         "bundles": list(entry.bundles),
         "pool": cfg.effective_pool,
-        **gateway.model_counts(entry.model_id),  # loads, evictions (docs/api.md §10)
+        **gateway.directory.model_counts(entry.model_id),  # loads, evictions (docs/api.md §10)
     }
 
 
@@ -208,7 +210,7 @@ async def config_model(request: Request) -> Response:
 async def config_bundles(request: Request) -> Response:
     gateway = _gw(request)
     return JSONResponse(
-        catalog.list_bundles(gateway.registry.snapshot, gateway.connected_workers())
+        catalog.list_bundles(gateway.registry.snapshot, gateway.directory.connected())
     )
 
 
@@ -266,6 +268,7 @@ def build_gateway_app(
             Route("/readyz", readyz, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
+            *pool_routes(),
         ],
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[

@@ -39,7 +39,7 @@ from sie.http.schemas import (
 from sie.roles.gateway import Collected, GatewayRole, Routing
 from sie.telemetry import Metrics
 
-__all__ = ["encode", "extract", "score"]
+__all__ = ["encode", "extract", "routing_of", "score"]
 
 
 def _timing_headers(c: Collected) -> dict[str, str]:
@@ -96,7 +96,7 @@ async def _handle(
     started = time.monotonic()
     status = "error"
     try:
-        routing = _routing(request)
+        routing = routing_of(request)
         await gateway.refuse_if_full(model, routing.pool, routing.machine_profile)
         req = await read_payload(
             request, gateway.limits.max_body_bytes, lambda p: validate(schema, p)
@@ -119,7 +119,9 @@ async def _handle(
         metrics.request_duration.labels(endpoint).observe(time.monotonic() - started)
 
 
-def _routing(request: Request) -> Routing:
+def routing_of(request: Request) -> Routing:
+    """The routing headers (``X-SIE-Pool``, ``X-SIE-Machine-Profile``) and the request id,
+    read the same way for every inference route (docs/pools.md)."""
     return Routing(
         pool=request.headers.get("x-sie-pool"),
         machine_profile=request.headers.get("x-sie-machine-profile"),
@@ -177,7 +179,7 @@ async def encode(request: Request) -> Response:
             instruction=instruction,
             is_query=is_query,
             options=options or None,
-            routing=_routing(request),
+            routing=routing_of(request),
         )
         items_out: list[dict[str, Any]] = []
         for item, result in zip(req.items, collected.results, strict=True):
@@ -213,7 +215,7 @@ async def score(request: Request) -> Response:
                 [{"text": it.text} for it in req.items],
                 instruction=req.instruction,
                 options=options or None,
-                routing=_routing(request),
+                routing=routing_of(request),
             )
         except InvalidInput as exc:  # score options sit at the top level (no params wrapper)
             field = exc.fields.get("field")
@@ -267,7 +269,7 @@ async def extract(request: Request) -> Response:
             output_schema=params.output_schema,
             instruction=params.instruction,
             options=options or None,
-            routing=_routing(request),
+            routing=routing_of(request),
         )
         items_out = []
         for i, (item, result) in enumerate(zip(req.items, collected.results, strict=True)):

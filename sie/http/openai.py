@@ -21,9 +21,10 @@ from starlette.responses import Response
 
 from sie.core.errors import InvalidInput, ModelNotFound, PayloadTooLarge, SieError
 from sie.http.disconnect import CLIENT_CLOSED_REQUEST, until_disconnect
+from sie.http.inference import routing_of
 from sie.http.negotiation import FastJSONResponse, read_payload, validate
 from sie.http.schemas import EmbeddingsRequest
-from sie.roles.gateway import GatewayRole, Routing
+from sie.roles.gateway import GatewayRole
 from sie.telemetry import Metrics
 
 __all__ = ["embeddings"]
@@ -139,7 +140,7 @@ async def _embeddings(request: Request, gateway: GatewayRole) -> Response:
             [{"text": t} for t in texts],
             output_types=["dense"],
             is_query=False,
-            routing=Routing(request_id=request.state.request_id),
+            routing=routing_of(request),  # routing headers as on every route
         ),
     )
     if collected is None:

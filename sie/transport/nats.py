@@ -25,11 +25,11 @@ import anyio
 import anyio.abc
 
 from sie.transport._buffered import BufferedSubscription
+from sie.transport._nats_pull import NatsPullConsumer
 from sie.transport.base import (
     DEFAULT_MAX_PAYLOAD,
     BusError,
     ConsumerConfig,
-    ConsumerInfo,
     Msg,
     NoStreamError,
     PayloadTooLargeError,
@@ -98,71 +98,6 @@ class _NatsSubscription(BufferedSubscription):
                 await sub.unsubscribe()
             except nats.errors.Error:
                 pass  # connection closed: the subscription is gone anyway
-
-
-class _NatsJsMsg:
-    def __init__(self, m: NatsMsg) -> None:
-        self._m = m
-        self.subject = m.subject
-        self.data = m.data
-        self.headers = dict(m.headers) if m.headers else None
-
-    @property
-    def num_delivered(self) -> int:
-        return int(self._m.metadata.num_delivered)
-
-    async def _settle(self, what: str, coro: Any) -> None:
-        try:
-            await coro
-        except (nats.errors.Error, TimeoutError) as exc:
-            raise BusError(f"{what} failed: {exc}") from exc
-
-    async def ack(self) -> None:
-        # ack_sync: once this returns the server has removed the message (work queue)
-        await self._settle("ack", self._m.ack_sync(timeout=5.0))
-
-    async def nak(self, delay_s: float | None = None) -> None:
-        await self._settle("nak", self._m.nak(delay=delay_s))
-
-    async def term(self) -> None:
-        await self._settle("term", self._m.term())
-
-    async def in_progress(self) -> None:
-        await self._settle("in_progress", self._m.in_progress())
-
-
-class _NatsPullConsumer:
-    def __init__(self, bus: NatsBus, stream: str, durable: str, psub: Any) -> None:
-        self._bus = bus
-        self._stream = stream
-        self._durable = durable
-        self._psub = psub
-
-    async def fetch(self, batch: int, timeout_s: float) -> list[Any]:
-        try:
-            msgs = await self._psub.fetch(batch, timeout=max(timeout_s, 0.001))
-        except (nats.errors.TimeoutError, TimeoutError):  # nats-py raises both kinds
-            return []
-        except nats.js.errors.NotFoundError as exc:
-            raise BusError(f"consumer {self._durable!r} or its stream is gone") from exc
-        except nats.errors.Error as exc:
-            raise BusError(f"fetch from {self._stream}/{self._durable} failed: {exc}") from exc
-        return [_NatsJsMsg(m) for m in msgs]
-
-    async def info(self) -> ConsumerInfo:
-        try:
-            ci = await self._bus._jsx().consumer_info(self._stream, self._durable)
-        except nats.js.errors.NotFoundError as exc:
-            raise BusError(f"consumer {self._durable!r} not found") from exc
-        except (nats.errors.Error, TimeoutError) as exc:
-            raise BusError(f"consumer info failed: {exc}") from exc
-        return ConsumerInfo(
-            stream=self._stream,
-            durable=self._durable,
-            num_pending=int(ci.num_pending or 0),
-            num_ack_pending=int(ci.num_ack_pending or 0),
-            num_redelivered=int(ci.num_redelivered or 0),
-        )
 
 
 class NatsBus:
@@ -454,7 +389,7 @@ class NatsBus:
             raise BusError(f"get_message {stream}/{seq} failed: {exc}") from exc
         return Msg(raw.subject or "", raw.data or b"", dict(raw.headers) if raw.headers else None)
 
-    async def pull_consumer(self, stream: str, config: ConsumerConfig) -> _NatsPullConsumer:
+    async def pull_consumer(self, stream: str, config: ConsumerConfig) -> NatsPullConsumer:
         """Create or bind a durable pull consumer.
 
         Raises:
@@ -482,7 +417,31 @@ class NatsBus:
             raise BusError(f"consumer {config.durable!r} on {stream}: {exc.description}") from exc
         except (nats.errors.Error, TimeoutError) as exc:
             raise BusError(f"consumer {config.durable!r} on {stream} failed: {exc}") from exc
-        return _NatsPullConsumer(self, stream, config.durable, psub)
+        return NatsPullConsumer(self._jsx, stream, config.durable, psub)
+
+    async def key_value(self, bucket: str, *, storage: str = "file", replicas: int = 1) -> Any:
+        """The JetStream key-value bucket ``bucket`` (nats-py ``KeyValue``), created
+        when missing (one revision kept per key).
+
+        Raises:
+            BusError: not connected, or the bucket cannot be created or bound.
+        """
+        js = self._jsx()
+        try:
+            return await js.key_value(bucket)
+        except nats.js.errors.BucketNotFoundError:
+            pass
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise BusError(f"key-value bucket {bucket!r}: {exc}") from exc
+        try:
+            return await js.create_key_value(
+                bucket=bucket,
+                history=1,
+                storage=api.StorageType.FILE if storage == "file" else api.StorageType.MEMORY,
+                replicas=replicas,
+            )
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise BusError(f"cannot create key-value bucket {bucket!r}: {exc}") from exc
 
     async def delete_stream(self, name: str) -> None:
         """Remove a stream (tests and operators). Raises: NoStreamError, BusError."""

@@ -1153,6 +1153,54 @@ def test_fuzz_resolve(open_stack: Stack, client: httpx.Client, data: st.DataObje
     fire(client, base, app, "POST", "/v1/configs/resolve", headers, body)
 
 
+POOL_NAMES = st.one_of(
+    st.sampled_from(["fuzz-pool", "FUZZ-POOL", "default", "nope", "a.b", "", "x" * 70, "%ff"]),
+    st.text(max_size=12).map(lambda s: quote(s, safe="")),
+)
+PROFILE_COUNTS = st.dictionaries(
+    st.one_of(st.sampled_from(["default", "l4", "L4", "a b", ""]), TEXT),
+    st.one_of(st.integers(-5, 20_000), st.booleans(), TEXT),
+    max_size=3,
+)
+POOL_DOC = sparse_dict(
+    {"name": st.one_of(st.sampled_from(["fuzz-pool", "Fuzz-Pool", "default"]), TEXT)},
+    optional={
+        "gpus": weighted((3, st.just({"default": 1})), (1, PROFILE_COUNTS)),
+        "gpu_caps": PROFILE_COUNTS,
+        "bundle": st.one_of(st.sampled_from(["default", "nope"]), TEXT),
+        "ttl_seconds": st.one_of(st.integers(-10, 10**9), st.floats(), TEXT),
+        "queue_pool": st.one_of(st.sampled_from(["default", "nope"]), TEXT),
+        "minimum_worker_count": st.integers(-5, 20_000),
+        "pinned_models": st.lists(st.one_of(BODY_MODELS, TEXT), max_size=3),
+    },
+    max_optional=4,
+)
+
+
+@given(data=st.data())
+@fuzz_settings(150)
+def test_fuzz_pools(open_stack: Stack, client: httpx.Client, data: st.DataObject) -> None:
+    """The pool API (docs/pools.md): create with mutated specs, read, renew, delete."""
+    t = target(open_stack)
+    headers = data.draw(hostile_headers())
+    if data.draw(st.booleans()):
+        body, ctype = data.draw(encoded(POOL_DOC))
+        fire(client, t.gateway, "gateway", "POST", "/v1/pools", {**headers, **ctype}, body)
+        return
+    name = data.draw(POOL_NAMES)
+    method, path = data.draw(
+        st.sampled_from(
+            [
+                ("GET", f"/v1/pools/{name}"),
+                ("DELETE", f"/v1/pools/{name}"),
+                ("POST", f"/v1/pools/{name}/renew"),
+                ("GET", "/v1/pools"),
+            ]
+        )
+    )
+    fire(client, t.gateway, "gateway", method, path, headers, None)
+
+
 ADAPTERS = [
     "sie.engines.encoders.sentence_transformers:DenseEncoder",
     "sie.engines.encoders.sentence_transformers:SparseEncoder",

@@ -559,5 +559,6 @@ def test_unserved_machine_profile_is_provisioning(client: httpx.Client, stack: S
         time.sleep(0.1)
     r = client.post(URL, json={"items": [{"text": "a"}]}, headers={"X-SIE-Machine-Profile": "h100"})
     assert r.status_code == 503 and r.json()["error"]["code"] == "PROVISIONING"
+    # a pool that does not exist fails closed (docs/pools.md), it is not provisioned
     r = client.post(URL, json={"items": [{"text": "a"}]}, headers={"X-SIE-Pool": "tenant-a"})
-    assert r.status_code == 503 and r.json()["error"]["pool"] == "tenant-a"
+    assert r.status_code == 404 and r.json()["detail"]["code"] == "POOL_NOT_FOUND"

@@ -38,7 +38,7 @@ from sie.core.errors import (
     WorkerLost,
     error_for_code,
 )
-from sie.core.registry import ModelRegistry
+from sie.core.registry import ModelEntry, ModelRegistry
 from sie.core.subjects import cancel_subject, inbox_subject
 from sie.core.wire import GenerationChunk, Heartbeat, WorkItem
 from sie.roles.gateway.admission import AdmissionGate
@@ -47,7 +47,7 @@ from sie.roles.gateway.direct import MAX_ATTEMPTS, next_chunk, send_generation, 
 from sie.roles.gateway.directory import WorkerDirectory
 from sie.roles.gateway.lanes import LaneTelemetry
 from sie.roles.gateway.offload import offload_large
-from sie.roles.gateway.requests import lane_of
+from sie.roles.gateway.pools import PoolRoute
 from sie.telemetry import Metrics, tracer
 from sie.transport.base import Bus, data_limit
 from sie.transport.payloads import PayloadStore
@@ -83,7 +83,7 @@ class GenerationDispatch:
         lanes: LaneTelemetry,
         admission: AdmissionGate,
         router_id: str,
-        default_machine_profile: str,
+        lane_of: Callable[[ModelEntry, str | None, str | None], tuple[PoolRoute, str]],
         payloads: PayloadStore,
         metrics: Metrics,
     ) -> None:
@@ -97,7 +97,7 @@ class GenerationDispatch:
         self.lanes = lanes
         self.admission = admission
         self.router_id = router_id
-        self.default_machine_profile = default_machine_profile
+        self.lane_of = lane_of  # the gateway's pool and profile resolution
         self._streams: dict[str, MemoryObjectSendStream[GenerationChunk]] = {}
         #: generations this gateway has open per worker: added to the worker's reported
         #: load, so requests between two heartbeats spread instead of piling onto one
@@ -265,7 +265,8 @@ class GenerationDispatch:
                 f"it offers {offers}",
                 field="model",
             )
-        pool_, profile = lane_of(entry, pool, machine_profile, self.default_machine_profile)
+        target, profile = self.lane_of(entry, pool, machine_profile)
+        pool_ = target.queue_pool
         lane = gw.lanes.lane(pool_, profile, bundle)
         worker_id: str | None = None
         try:
@@ -285,7 +286,7 @@ class GenerationDispatch:
             model_id=entry.model_id,
             profile_id=entry.profile.name,
             pool_name=pool_,
-            admission_pool=pool_,
+            admission_pool=target.logical,
             machine_profile=profile,
             router_id=gw.router_id,
             reply_subject=inbox_subject(gw.router_id, request_id),

@@ -13,7 +13,7 @@ from sie.core.errors import InvalidInput
 from sie.core.registry import ModelEntry, ModelRegistry
 from sie.settings_views import LimitsSettings
 
-__all__ = ["DEFAULT_ROUTING", "Routing", "check_request", "lane_of"]
+__all__ = ["DEFAULT_ROUTING", "Routing", "check_request", "lane_of", "split_routing"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,20 +81,36 @@ def check_request(
     return entry, bundle
 
 
-def lane_of(
-    entry: ModelEntry, pool: str | None, machine_profile: str | None, default_profile: str
-) -> tuple[str, str]:
-    """``(pool, machine_profile)`` of a request: the ``X-SIE-Pool`` /
-    ``X-SIE-Machine-Profile`` headers, else the model's pool and this gateway's
-    default profile; lowercase (architecture §8.2).
+def split_routing(pool: str | None, machine_profile: str | None) -> tuple[str | None, str | None]:
+    """The ``X-SIE-Pool`` and ``X-SIE-Machine-Profile`` values with the SDK's
+    ``gpu="pool/profile"`` form (sent as ``X-SIE-Machine-Profile: pool/profile``) split.
 
     Raises:
-        InvalidInput: a header value that is not a valid pool/profile name.
+        InvalidInput: ``pool/profile`` naming another pool than ``X-SIE-Pool`` (400).
     """
-    for header, value in (("X-SIE-Pool", pool), ("X-SIE-Machine-Profile", machine_profile)):
-        if value is not None and not POOL_RE.fullmatch(value):
-            raise InvalidInput(f"{header}: {value!r} must match {POOL_RE.pattern}", field=header)
-    return (
-        (pool or entry.config.effective_pool).lower(),
-        (machine_profile or default_profile).lower(),
-    )
+    if machine_profile is not None and "/" in machine_profile:
+        named, _, profile = machine_profile.partition("/")
+        if pool is not None and pool.strip().lower() != named.strip().lower():
+            raise InvalidInput(
+                f"X-SIE-Machine-Profile: {machine_profile[:130]!r} names pool {named[:64]!r} "
+                f"but X-SIE-Pool is {pool[:64]!r}",
+                field="X-SIE-Machine-Profile",
+            )
+        return named, profile
+    return pool, machine_profile
+
+
+def lane_of(queue_pool: str, machine_profile: str | None, default_profile: str) -> tuple[str, str]:
+    """``(queue pool, machine_profile)`` of a request: the queue pool its pool resolved
+    to (``PoolManager.route``) and the ``X-SIE-Machine-Profile`` header, else this
+    gateway's default profile; lowercase (architecture §8.2).
+
+    Raises:
+        InvalidInput: a header value that is not a valid profile name.
+    """
+    if machine_profile is not None and not POOL_RE.fullmatch(machine_profile):
+        raise InvalidInput(
+            f"X-SIE-Machine-Profile: {machine_profile[:130]!r} must match {POOL_RE.pattern}",
+            field="X-SIE-Machine-Profile",
+        )
+    return queue_pool.lower(), (machine_profile or default_profile).lower()

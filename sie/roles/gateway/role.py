@@ -47,8 +47,15 @@ from sie.roles.gateway.inbox import ResultInbox
 from sie.roles.gateway.lanes import Lane, LaneTelemetry
 from sie.roles.gateway.offload import offload_large, sweep_orphans
 from sie.roles.gateway.pending import StreamPending
+from sie.roles.gateway.pools import PoolManager, PoolRoute
 from sie.roles.gateway.publish import WorkPublisher
-from sie.roles.gateway.requests import DEFAULT_ROUTING, Routing, check_request, lane_of
+from sie.roles.gateway.requests import (
+    DEFAULT_ROUTING,
+    Routing,
+    check_request,
+    lane_of,
+    split_routing,
+)
 from sie.roles.gateway.shedding import admit
 from sie.roles.gateway.work import encode_work
 from sie.settings_views import BusSettings, GatewaySettings, LimitsSettings
@@ -76,6 +83,7 @@ class GatewayRole:
         admission: AdmissionGate,
         directory: WorkerDirectory,
         payloads: PayloadStore,
+        pools: PoolManager,
         metrics: Metrics = METRICS,
     ) -> None:
         """Wire the role from its collaborators (``sie.container`` builds them); no I/O.
@@ -84,7 +92,8 @@ class GatewayRole:
         publishes under; ``limits``: per-request bounds; ``sync``: config convergence
         over ``registry``; ``admission``: the generation gate; ``directory``: workers
         as their heartbeats describe them; ``payloads``: where work items over the
-        bus's ``max_payload`` go (docs/api.md §12).
+        bus's ``max_payload`` go (docs/api.md §12); ``pools``: pools and the
+        resolution of ``X-SIE-Pool`` (docs/pools.md).
         """
         self.bus = bus
         self.registry = registry
@@ -108,6 +117,7 @@ class GatewayRole:
         self.epoch = sync.epoch
         # generation: engine-state admission (admission-gate.md) and worker-direct dispatch
         self.admission = admission
+        self.pools = pools
         self.generation = GenerationDispatch(
             bus=bus,
             registry=registry,
@@ -115,7 +125,7 @@ class GatewayRole:
             lanes=self.lanes,
             admission=admission,
             router_id=self.router_id,
-            default_machine_profile=settings.machine_profile,
+            lane_of=self.lane_of,
             payloads=payloads,
             metrics=metrics,
         )
@@ -134,6 +144,7 @@ class GatewayRole:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._read_health, health)
                 tg.start_soon(sweep_orphans, self.payloads, self.streams.stream_max_age_s)
+                await tg.start(self.pools.run)
                 await tg.start(run_config_sync, self.bus, self.sync, config_subject("_all"))
                 await tg.start(self.dead_letters.run)
                 await tg.start(self.admission.run)
@@ -152,10 +163,6 @@ class GatewayRole:
         """
         acks = self.directory.acks()
         return worker_ack_status(self.registry.snapshot, model_id, acks, self.epoch.get())
-
-    def connected_workers(self) -> dict[str, int]:
-        """Live workers per bundle."""
-        return self.directory.connected()
 
     @property
     def late_results(self) -> int:
@@ -189,14 +196,6 @@ class GatewayRole:
         """Whether a live worker consumes this lane (``WorkerDirectory.lane_served``)."""
         return self.directory.lane_served(pool, machine_profile, bundle)
 
-    def model_state(self, model_id: str) -> tuple[str, dict[str, Any] | None]:
-        """Aggregate state over live workers (``WorkerDirectory.model_state``)."""
-        return self.directory.model_state(model_id)
-
-    def model_counts(self, model_id: str) -> dict[str, int]:
-        """Loads and evictions over live workers (``WorkerDirectory.model_counts``)."""
-        return self.directory.model_counts(model_id)
-
     async def _admit(self, lane: Lane, pool: str, n_items: int, *, record: bool = True) -> None:
         """Backpressure (``sie.roles.gateway.shedding.admit``).
 
@@ -221,9 +220,10 @@ class GatewayRole:
         """
         try:
             entry, bundle = self.registry.resolve(model_id)
-            pool_, profile = self.lane_of(entry, pool, machine_profile)
+            route, profile = self.lane_of(entry, pool, machine_profile)
         except SieError:
             return
+        pool_ = route.queue_pool
         await self._admit(self.lanes.lane(pool_, profile, bundle), pool_, 0, record=False)
 
     def _prepare(
@@ -349,14 +349,19 @@ class GatewayRole:
 
     def lane_of(
         self, entry: ModelEntry, pool: str | None, machine_profile: str | None
-    ) -> tuple[str, str]:
-        """``(pool, machine_profile)`` of a request (``sie.roles.gateway.requests.lane_of``)
-        with this gateway's default machine profile.
+    ) -> tuple[PoolRoute, str]:
+        """Where a request goes: its pool (``X-SIE-Pool``, resolved by the pool
+        manager: docs/pools.md) and machine profile (``X-SIE-Machine-Profile``, the
+        SDK's ``pool/profile`` form included), lowercase.
 
         Raises:
-            InvalidInput: a header value that is not a valid pool/profile name.
+            InvalidInput: a header value that is not a valid name (400).
+            PoolNotFound: a named pool that does not exist (404: fails closed).
         """
-        return lane_of(entry, pool, machine_profile, self.settings.machine_profile)
+        pool, machine_profile = split_routing(pool, machine_profile)
+        route = self.pools.route(pool, entry.config.effective_pool)
+        _, profile = lane_of(route.queue_pool, machine_profile, self.settings.machine_profile)
+        return route, profile
 
     async def _run(
         self,
@@ -371,9 +376,12 @@ class GatewayRole:
         every result (§2, §16.2)."""
         t0 = time.monotonic()
         model_id = entry.model_id  # canonical: "m:default" is "m"
-        pool, profile = self.lane_of(entry, routing.pool, routing.machine_profile)
+        route, profile = self.lane_of(entry, routing.pool, routing.machine_profile)
+        pool = route.queue_pool
         lane = self.lanes.lane(pool, profile, bundle)
-        if not self.lane_served(pool, profile, bundle):
+        # a pool the caller named is published to even with no worker yet (§2: its
+        # capacity scales from zero); otherwise no live worker is PROVISIONING
+        if not route.pinned and not self.lane_served(pool, profile, bundle):
             self.lanes.record_demand(lane, "provisioning")  # for the autoscaler (§2)
             raise Provisioning(
                 f"no worker serves pool {pool!r}, machine profile {profile!r}, bundle {bundle!r}; retry later",
@@ -406,7 +414,7 @@ class GatewayRole:
                 model_id=model_id,
                 profile_id=entry.profile.name,
                 pool_name=pool,
-                admission_pool=pool,
+                admission_pool=route.logical,
                 machine_profile=profile,
                 router_id=self.router_id,
                 reply_subject=reply,
