@@ -63,3 +63,26 @@ def test_a_cold_generator_answers_model_loading_in_the_openai_envelope(cold: Sta
         r = retry_until_ok(c, "/v1/chat/completions", body)
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["message"]["content"]
+
+
+def test_three_cold_models_loading_at_once_all_serve() -> None:
+    """First requests to three cold models at once (found by a hostile trial: parallel
+    loads corrupted each other and one model failed for good with a 502)."""
+    import concurrent.futures
+
+    rampart = "nationaldesignstudio/rampart"
+    calls = {
+        SPLADE: (
+            f"/v1/encode/{SPLADE}",
+            {"items": [{"text": "a"}], "params": {"output_types": ["sparse"]}},
+        ),
+        rampart: (f"/v1/extract/{rampart}", {"items": [{"text": "Call John"}]}),
+        LLM: (
+            "/v1/chat/completions",
+            {"model": LLM, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        ),
+    }
+    with run_stack(preload=(MINILM,)) as s, httpx.Client(base_url=s.base_url, timeout=60) as c:
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            replies = list(pool.map(lambda kv: retry_until_ok(c, *kv), calls.values()))
+        assert [r.status_code for r in replies] == [200, 200, 200], [r.text for r in replies]

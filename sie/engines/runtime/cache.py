@@ -6,7 +6,8 @@ States follow docs/api.md §7, §10: ``available`` → ``loading`` → ``loaded`
 (``code``, ``message``, ``error_class``, ``attempts``, ``permanent``): sticky when
 permanent (until the config changes), retried by the next request otherwise.
 Concurrent first requests share one load. Loads run on the model's own inference
-thread, so they never block the event loop, and one model's failure never blocks
+thread, so they never block the event loop, one at a time (model construction in
+transformers is process-global state), and one model's failure never blocks
 another's load.
 
 Memory (bytes): each loaded engine reports ``memory_bytes()``; before a load the
@@ -166,6 +167,10 @@ class ModelCache:
         self._slots: dict[str, _Slot] = {}
         self._stats: dict[str, _Stats] = {}
         self._budget_lock = anyio.Lock()
+        # one engine load at a time: transformers builds models on a process-wide "meta"
+        # device, and two loads at once can corrupt each other ("Cannot copy out of
+        # meta tensor"), failing one model for good
+        self._load_lock = anyio.Lock()
         self._tg: anyio.abc.TaskGroup | None = None
 
     async def run(
@@ -328,8 +333,9 @@ class ModelCache:
             )
             extra: dict[str, Any] = {"trust": self.trust, "model_cache_dir": self._model_cache_dir}
             extra = {k: v for k, v in extra.items() if _takes(factory, k)}
-            engine = factory(entry.config, entry.profile, self._device, **extra)
-            await anyio.to_thread.run_sync(engine.load, limiter=limiter)
+            async with self._load_lock:
+                engine = factory(entry.config, entry.profile, self._device, **extra)
+                await anyio.to_thread.run_sync(engine.load, limiter=limiter)
         except SieError as exc:
             slot.state, slot.error = "failed", exc
         except Exception as exc:
