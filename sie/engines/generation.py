@@ -18,6 +18,7 @@ No torch import here: the vLLM and upstream-proxy engines share this module.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeGuard, runtime_checkable
@@ -272,6 +273,42 @@ class StopMatcher:
         return best
 
 
+_LONGEST: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def longest_token_chars(tok: Any) -> int:
+    """The most characters one token of ``tok``'s vocabulary stands for (computed once
+    per tokenizer; 64 when the vocabulary cannot be read)."""
+    try:
+        return _LONGEST[tok]
+    except (KeyError, TypeError):
+        pass
+    try:
+        longest = max(8, max(len(t) for t in tok.get_vocab()))
+    except Exception:  # a tokenizer without a readable vocabulary
+        longest = 64
+    try:
+        _LONGEST[tok] = longest
+    except TypeError:  # not weakly referenceable: computed each time
+        pass
+    return longest
+
+
+def _check_chars(text: str, limit: int, window: int, where: str) -> None:
+    """A prompt of more characters than ``window`` tokens can hold is refused before
+    it is tokenised (tokenising megabytes would hold the worker for seconds).
+
+    Raises:
+        InvalidInput: naming ``where``.
+    """
+    if len(text) > limit:
+        raise InvalidInput(
+            f"{where} is {len(text)} characters: more than the model's {window}-token "
+            "window can hold",
+            field=where,
+        )
+
+
 def prompt_token_ids(tok: Any, req: GenerationRequest, *, sie_id: str, window: int) -> list[int]:
     """The token ids a model reads for ``req``: chat ``messages`` through the
     tokenizer's chat template with the generation prompt appended (no extra special
@@ -285,6 +322,7 @@ def prompt_token_ids(tok: Any, req: GenerationRequest, *, sie_id: str, window: i
             prompt, or one that leaves no room for a completion token in ``window``
             (field ``messages`` or ``prompt``).
     """
+    limit = window * longest_token_chars(tok)  # more characters can never fit: no tokenising
     if req.messages is not None:
         if not getattr(tok, "chat_template", None):
             raise InvalidInput(
@@ -296,11 +334,13 @@ def prompt_token_ids(tok: Any, req: GenerationRequest, *, sie_id: str, window: i
             raise InvalidInput(
                 f"messages do not fit the chat template: {exc}", field="messages"
             ) from exc
-        ids = list(tok.encode(text, add_special_tokens=False))
         where = "messages"
+        _check_chars(text, limit, window, where)
+        ids = list(tok.encode(text, add_special_tokens=False))
     else:
-        ids = list(tok.encode(req.prompt or ""))
         where = "prompt"
+        _check_chars(req.prompt or "", limit, window, where)
+        ids = list(tok.encode(req.prompt or ""))
     if not ids:
         raise InvalidInput(f"{where} is empty", field=where)
     if len(ids) >= window:
