@@ -30,10 +30,10 @@ import ijson
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from sie.core.errors import GatewayTimeout, InvalidInput, SieError
+from sie.core.errors import GatewayTimeout, InvalidInput, SieError, UnsupportedMediaType
 from sie.core.nesting import DEFAULT_MAX_DEPTH, too_deep
 from sie.http.errors import openai_error
-from sie.http.negotiation import check_charset, decode_off_loop, read_body
+from sie.http.negotiation import check_charset, decode_off_loop, is_msgpack, read_body
 from sie.roles.gateway import GatewayRole
 from sie.roles.gateway.generation import chunk_error
 
@@ -94,8 +94,11 @@ def scan_routing_fields(
                 stream = value
             elif depth == 2 and key == "stream_options" and sub == "include_usage":
                 include_usage = event == "boolean" and value
-    except ijson.JSONError as exc:
-        raise InvalidInput(f"malformed JSON body: {exc}", field="body") from exc
+    except ijson.JSONError as exc:  # its first line says what; later ones quote the body
+        raw = exc.args[0] if exc.args else ""
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        reason = text.strip().split("\n", 1)[0][:100]
+        raise InvalidInput(f"malformed JSON body: {reason}", field="body") from exc
     except UnicodeError as exc:  # e.g. "\udc00": JSON escapes can name a lone surrogate
         where = key if depth and key else "body"
         raise InvalidInput(
@@ -331,7 +334,13 @@ def _openai_error_body(exc: SieError) -> dict[str, Any]:
 async def _handle(request: Request, route: str, path_model: str | None = None) -> Any:
     gateway: GatewayRole = request.app.state.gateway
     try:
-        check_charset(request.headers.get("content-type"))  # 415 before reading
+        content_type = request.headers.get("content-type")
+        if is_msgpack(content_type):  # 415 before reading: these routes read JSON
+            raise UnsupportedMediaType(
+                "generation routes read JSON bodies: send Content-Type: application/json",
+                field="Content-Type",
+            )
+        check_charset(content_type)  # 415 before reading
         body = await read_body(request, gateway.limits.max_generate_body_bytes)  # 413 first
         model, stream, include_usage = await decode_off_loop(scan_routing_fields, body)
         if path_model is not None:

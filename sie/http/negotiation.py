@@ -36,6 +36,7 @@ __all__ = [
     "check_charset",
     "decode_json",
     "decode_off_loop",
+    "is_msgpack",
     "read_body",
     "read_payload",
     "render",
@@ -78,6 +79,11 @@ def _media(value: str) -> tuple[str, dict[str, str]]:
         k, _, v = p.partition("=")
         out[k.strip().lower()] = v.strip().strip('"').lower()
     return kind.strip().lower(), out
+
+
+def is_msgpack(content_type: str | None) -> bool:
+    """Whether a ``Content-Type`` names msgpack (any of its media types)."""
+    return _media(content_type or "")[0] in MSGPACK_TYPES
 
 
 def _reject_constant(name: str) -> Any:

@@ -158,6 +158,18 @@ def test_errors_use_the_openai_envelope(c: httpx.Client) -> None:
         json={"model": "sentence-transformers/all-MiniLM-L6-v2", "messages": ASK},
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+    # a msgpack body is refused as such (these routes read JSON), found by a hostile trial
+    import msgpack
+
+    packed = msgpack.packb({"model": LLM, "messages": ASK})
+    r = c.post(
+        "/v1/chat/completions", content=packed, headers={"Content-Type": "application/msgpack"}
+    )
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+    # malformed JSON is named without quoting the body back
+    r = c.post("/v1/chat/completions", content=packed)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "body"
+    assert "model" not in r.json()["error"]["message"] and "\\x" not in r.text
 
 
 def test_disconnect_aborts_in_the_engine(c: httpx.Client, gstack: Stack) -> None:
