@@ -62,6 +62,9 @@ ENV_DOCS: dict[str, EnvDoc] = {
     "SIE_MAX_INFLIGHT_BODY_BYTES": EnvDoc(
         "request-body bytes the whole process holds at once; beyond it 503 `RESOURCE_EXHAUSTED`, Retry-After 5 ([security.md](security.md))"
     ),
+    "SIE_MAX_RESPONSE_BYTES": EnvDoc(
+        "encoded worker results one encode/score/extract request may collect; past it the request stops at once with 413 `PAYLOAD_TOO_LARGE` (JSON replies are several times larger) ([security.md](security.md))"
+    ),
     "SIE_HTTP_HEADER_TIMEOUT_S": EnvDoc(
         "seconds a connection may take to send a request line and headers (also the keep-alive idle limit)"
     ),

@@ -60,6 +60,7 @@ class LimitsSettings(SettingsView):
     http_header_timeout_s: float
     http_body_timeout_s: float
     max_large_body_reads: int
+    max_response_bytes: int
 
 
 class AuthSettings(SettingsView):

@@ -137,3 +137,20 @@ def test_results_over_max_payload_travel_in_chunks(small_stack: Stack, st_model:
         assert all(nd(it["multivector"]["values"]).shape == (256, 384) for it in items)
         metrics = c.get("/metrics").text
     assert "sie_gateway_queue_result_chunk_reserved_bytes 0.0" in metrics
+
+
+def test_a_reply_past_max_response_bytes_is_a_413_at_once(st_model: Any) -> None:
+    """Found by a hostile trial: 380 long texts with multivector output made a 785 MB
+    JSON reply. Results are counted as they arrive; past the bound the request stops."""
+    texts = [big_text(i, 3000) for i in range(40)]  # 40 x 393 KB of multivector
+    body = {"items": [{"text": t} for t in texts], "params": {"output_types": ["multivector"]}}
+    with (
+        run_stack(preload=(MINILM,), max_response_bytes=2 * 1024 * 1024) as s,
+        httpx.Client(base_url=s.base_url, timeout=60) as c,
+    ):
+        r = c.post(f"/v1/encode/{MINILM}", json=body)
+        assert r.status_code == 413, r.text[:300]
+        assert r.json()["detail"]["code"] == "PAYLOAD_TOO_LARGE"
+        assert "SIE_MAX_RESPONSE_BYTES" in r.json()["detail"]["message"]
+        small = {**body, "items": body["items"][:3]}
+        assert c.post(f"/v1/encode/{MINILM}", json=small).status_code == 200

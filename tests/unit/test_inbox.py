@@ -144,3 +144,18 @@ def test_how_failed_items_become_one_error() -> None:
         )
     assert (odd.value.fields["error_class"], odd.value.fields["attempts"]) == ("UNKNOWN", 1)
     assert odd.value.fields["permanent"] is True and odd.value.retry_after_s is None
+
+
+def test_results_past_the_reply_bound_end_the_request_with_413() -> None:
+    from sie.core.errors import PayloadTooLarge
+
+    metrics = Metrics()
+    inbox = ResultInbox(metrics, lambda _: None, ChunkBudget(), max_result_bytes=30_000)
+    col = Collector(3, [None] * 3, 3)
+    inbox.pending["r"] = col
+    inbox.deliver("r", result(0, b"a" * 20_000).to_bytes())
+    assert not col.done.is_set()
+    inbox.deliver("r", result(1, b"b" * 20_000).to_bytes())
+    assert col.done.is_set() and isinstance(col.failure, PayloadTooLarge)
+    assert col.failure.status == 413 and "SIE_MAX_RESPONSE_BYTES" in col.failure.message
+    assert col.results[1] is None  # not kept

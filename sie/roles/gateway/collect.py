@@ -36,8 +36,10 @@ class Collector:
     credits: anyio.Semaphore | None = None
     #: chunked results being reassembled (docs/api.md §12), made on the first chunk
     chunks: Reassembly | None = None
-    #: set when the request fails as a whole (an invalid chunked result)
+    #: set when the request fails as a whole (an invalid chunked result, a reply too big)
     failure: SieError | None = None
+    #: bytes of encoded results collected so far
+    result_bytes: int = 0
 
 
 #: Items of one request in the work stream and on the workers at once, by default

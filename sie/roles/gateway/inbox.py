@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sie.core.chunks import ChunkBudget, ChunkError, Reassembly, is_chunk
-from sie.core.errors import SieError, TransportFailure
+from sie.core.errors import PayloadTooLarge, SieError, TransportFailure
 from sie.core.wire import WorkResult, unpackb
 from sie.roles.gateway.collect import Collector
 from sie.telemetry import Metrics
@@ -36,8 +36,15 @@ class ResultInbox:
     """
 
     def __init__(
-        self, metrics: Metrics, saw: Callable[[str], None], budget: ChunkBudget | None = None
+        self,
+        metrics: Metrics,
+        saw: Callable[[str], None],
+        budget: ChunkBudget | None = None,
+        max_result_bytes: int | None = None,
     ) -> None:
+        """``max_result_bytes``: encoded results one request may collect (None: no
+        bound); past it the request ends with 413 ``PAYLOAD_TOO_LARGE``."""
+        self.max_result_bytes = max_result_bytes
         self.metrics = metrics
         self.saw = saw
         self.budget = budget if budget is not None else ChunkBudget()
@@ -90,11 +97,7 @@ class ResultInbox:
         """End ``col`` with 503 ``TRANSPORT_FAILURE`` (its waiter raises it)."""
         log.warning("request %s: invalid chunked result (%s): %s", request_id, reason, detail)
         self.metrics.chunk_rejections.labels(reason).inc()
-        col.failure = TransportFailure(TRANSPORT_FAILURE_MESSAGE, request_id=request_id)
-        col.done.set()
-        if col.credits is not None:  # a windowed publisher stops waiting too
-            for _ in range(col.total):
-                col.credits.release()
+        _end(col, TransportFailure(TRANSPORT_FAILURE_MESSAGE, request_id=request_id))
 
     def accept(self, col: Collector, result: WorkResult) -> None:
         """Store ``result`` in its slot (the first answer for an item wins)."""
@@ -103,6 +106,10 @@ class ResultInbox:
         if result.worker_id is not None:  # a result is proof of life (docs/security.md)
             self.saw(result.worker_id)
         if col.results[result.item_index] is None:
+            col.result_bytes += len(result.result_msgpack or b"")
+            if self.max_result_bytes is not None and col.result_bytes > self.max_result_bytes:
+                self._too_big(col)
+                return
             col.results[result.item_index] = result
             col.remaining -= 1
             if col.credits is not None:
@@ -110,9 +117,27 @@ class ResultInbox:
             if col.remaining == 0:
                 col.done.set()
 
+    def _too_big(self, col: Collector) -> None:
+        """End ``col``: its results outgrew ``max_result_bytes`` (its work is cancelled)."""
+        too_big = PayloadTooLarge(
+            f"the results of this request exceed {self.max_result_bytes} bytes "
+            f"(SIE_MAX_RESPONSE_BYTES) after {col.total - col.remaining} of {col.total} "
+            "items; send fewer items or fewer output types per request"
+        )
+        _end(col, too_big)
+
     def close(self, request_id: str) -> None:
         """The request ended: forget it and release its chunk reservations."""
         col = self.pending.pop(request_id, None)
         if col is not None and col.chunks is not None:
             col.chunks.close()
             self.metrics.chunk_reserved_bytes.set(self.budget.reserved_bytes)
+
+
+def _end(col: Collector, failure: SieError) -> None:
+    """End ``col`` with ``failure``: its waiter raises it, a windowed publisher stops."""
+    col.failure = failure
+    col.done.set()
+    if col.credits is not None:
+        for _ in range(col.total):
+            col.credits.release()

@@ -105,7 +105,7 @@ class GatewayRole:
         self.payloads = payloads
         self.metrics = metrics
         # results (whole or chunked) to the requests waiting for them
-        self.inbox = ResultInbox(metrics, directory.saw)
+        self.inbox = ResultInbox(metrics, directory.saw, max_result_bytes=limits.max_response_bytes)
         self._pending = self.inbox.pending
         # per-lane in-flight items, admission decisions and pending demand (§2)
         self.lanes = LaneTelemetry(metrics)
