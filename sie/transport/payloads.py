@@ -31,14 +31,15 @@ __all__ = [
     "payload_key",
 ]
 
-#: A key: ``{router_id}/{request_id}/{item_index}``-like tokens, no dots at the start
-#: of a part, nothing that could climb out of the root.
-_KEY = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.:-]{0,199}(/[A-Za-z0-9_-][A-Za-z0-9_.:-]{0,199}){0,3}")
+#: A key: up to four ``/``-separated parts, none starting with a dot, nothing that
+#: could climb out of the root.
+_KEY = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.:-]{0,299}(/[A-Za-z0-9_-][A-Za-z0-9_.:-]{0,299}){0,3}")
 
 
 def payload_key(router_id: str, request_id: str, item_index: int) -> str:
-    """The key of one offloaded work item."""
-    return f"{router_id}/{request_id}/{item_index}"
+    """The key of one offloaded work item: flat (``{router_id}.{request_id}.{index}``),
+    so deleting it leaves no empty directory behind."""
+    return f"{router_id}.{request_id}.{item_index}"
 
 
 def _check_key(key: str) -> str:

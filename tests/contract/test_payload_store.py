@@ -62,3 +62,15 @@ async def test_sweep_removes_only_old_payloads(store: FsspecPayloadStore) -> Non
     with pytest.raises(PayloadUnavailable):
         await store.get(old)
     assert await store.sweep(older_than_s=1.0) == 0
+
+
+async def test_many_requests_leave_nothing_behind(store: FsspecPayloadStore) -> None:
+    """Found by a hostile trial: one empty directory per request was left behind."""
+    for i in range(200):
+        key = payload_key("gw-1", f"req-{i}", 0)
+        await store.put(key, b"x")
+        await store.delete([key])
+    found = store.fs.find(store.root, withdirs=True) if store.fs.exists(store.root) else []
+    assert [p for p in found if p.rstrip("/") != store.root] == []
+    if hasattr(store.fs, "pseudo_dirs"):  # the memory filesystem's directory list
+        assert not [d for d in store.fs.pseudo_dirs if d.startswith(store.root + "/")]
