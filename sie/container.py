@@ -24,6 +24,7 @@ from sie.control.seed import load_bundles, load_models
 from sie.control.store import ConfigStore
 from sie.control.sync import ConfigSync
 from sie.core.errors import ConfigError, SieError
+from sie.core.lane_catalog import LaneCatalog
 from sie.core.registry import ModelRegistry
 from sie.core.trust import ConfigTrust
 from sie.gc_policy import freeze_long_lived
@@ -210,6 +211,12 @@ def build_gateway_role(
             directory,
             registry,
             static_queue_pools=gateway.static_queue_pools,
+            catalog=LaneCatalog(
+                configured_gpus=frozenset(gateway.configured_gpus),
+                gpu_aliases=dict(gateway.gpu_aliases),
+                physical_lanes=frozenset(gateway.configured_physical_lanes),
+            ),
+            default_profile=gateway.machine_profile,
         ),
         metrics=metrics,
     )

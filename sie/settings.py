@@ -80,6 +80,11 @@ class ServeSettings(BaseModel):
     # pools (docs/pools.md): deploy-owned queue pools API pools may be backed by, and
     # where pools are kept (None: NATS key-value with the NATS bus, else memory)
     static_queue_pools: tuple[str, ...] = ()
+    # the lane catalog (docs/pools.md "Lanes"): machine profiles, request aliases and
+    # the declared physical lanes (pool, machine_profile, bundle), at most 1,024
+    configured_gpus: tuple[str, ...] = ()
+    gpu_aliases: tuple[tuple[str, str], ...] = ()
+    configured_physical_lanes: tuple[tuple[str, str, str], ...] = ()
     pool_store: Literal["memory", "nats"] | None = None
     lane_backpressure_enforce: bool = False
     # streams (architecture §8.2)
@@ -261,7 +266,36 @@ class ServeSettings(BaseModel):
             update={"read_token": SecretStr(token) if token else None}
         )
 
-    @field_validator("static_queue_pools", mode="before")
+    @field_validator("gpu_aliases", mode="before")
+    @classmethod
+    def _aliases(cls, v: object) -> object:
+        if not isinstance(v, str):
+            return v
+        out = []
+        for pair in (x.strip() for x in v.split(",") if x.strip()):
+            alias, sep, profile = pair.partition("=")
+            names = [alias.strip(), profile.strip()]
+            if not sep or not all(re.fullmatch(r"[A-Za-z0-9_-]{1,63}", n) for n in names):
+                raise ValueError(f"alias {pair!r} must be alias=profile, names of [A-Za-z0-9_-]")
+            out.append((names[0].lower(), names[1].lower()))
+        return tuple(out)
+
+    @field_validator("configured_physical_lanes", mode="before")
+    @classmethod
+    def _lanes(cls, v: object) -> object:
+        if not isinstance(v, str):
+            return v
+        out = []
+        for lane in (x.strip() for x in v.split(",") if x.strip()):
+            parts = [p.strip() for p in lane.split("/")]
+            if len(parts) != 3 or not all(re.fullmatch(r"[A-Za-z0-9_-]{1,63}", p) for p in parts):
+                raise ValueError(f"lane {lane!r} must be pool/machine_profile/bundle")
+            out.append(tuple(p.lower() for p in parts))
+        if len(set(out)) > 1024:
+            raise ValueError("at most 1024 physical lanes")
+        return tuple(dict.fromkeys(out))
+
+    @field_validator("static_queue_pools", "configured_gpus", mode="before")
     @classmethod
     def _queue_pools(cls, v: object) -> tuple[str, ...]:
         raw = v.split(",") if isinstance(v, str) else list(v)  # type: ignore[call-overload]
@@ -338,6 +372,9 @@ ENV_VARS: dict[str, str] = {
     "SIE_GATEWAY_MAX_LANE_IN_FLIGHT_ITEMS": "max_lane_in_flight_items",
     "SIE_GATEWAY_REQUEST_WINDOW_ITEMS": "request_window_items",
     "SIE_GATEWAY_STATIC_QUEUE_POOLS": "static_queue_pools",
+    "SIE_GATEWAY_CONFIGURED_GPUS": "configured_gpus",
+    "SIE_GATEWAY_GPU_ALIASES": "gpu_aliases",
+    "SIE_GATEWAY_CONFIGURED_PHYSICAL_LANES": "configured_physical_lanes",
     "SIE_POOL_STORE": "pool_store",
     "SIE_GATEWAY_LANE_BACKPRESSURE_ENFORCE": "lane_backpressure_enforce",
     "SIE_STREAM_MAX_AGE_S": "stream_max_age_s",

@@ -116,6 +116,15 @@ ENV_DOCS: dict[str, EnvDoc] = {
     "SIE_GATEWAY_STATIC_QUEUE_POOLS": EnvDoc(
         "comma-separated deploy-owned queue pools (workers run with `SIE_POOL` set to one): API pools may name them as `queue_pool`, and `X-SIE-Pool` may name them directly ([pools.md](pools.md))"
     ),
+    "SIE_GATEWAY_CONFIGURED_GPUS": EnvDoc(
+        "comma-separated machine profiles this deployment has; with it (or the lanes below) an unknown `X-SIE-Machine-Profile` is a 400, and requests for a listed profile no worker serves yet record pending demand for scale-from-zero ([pools.md](pools.md))"
+    ),
+    "SIE_GATEWAY_GPU_ALIASES": EnvDoc(
+        "comma-separated `alias=profile` pairs: request names for machine profiles (e.g. `l4-spot=l4`)"
+    ),
+    "SIE_GATEWAY_CONFIGURED_PHYSICAL_LANES": EnvDoc(
+        "comma-separated `pool/machine_profile/bundle` lanes (at most 1,024): when set, only these lanes (or ones a live worker serves) get streams, metric series and pending demand"
+    ),
     "SIE_POOL_STORE": EnvDoc(
         "where gateways keep pools: `memory` (this process) or `nats` (a JetStream key-value bucket every gateway on the broker shares)",
         unset="`nats` with the NATS bus, else `memory`",

@@ -107,6 +107,9 @@ class GatewaySettings(SettingsView):
     lane_backpressure_enforce: bool
     request_window_items: int
     static_queue_pools: tuple[str, ...]
+    configured_gpus: tuple[str, ...]
+    gpu_aliases: tuple[tuple[str, str], ...]
+    configured_physical_lanes: tuple[tuple[str, str, str], ...]
     pool_store: Literal["memory", "nats"] | None
 
 

@@ -515,7 +515,12 @@ def test_no_worker_for_the_lane() -> None:
     from tests.conftest import run_stack
 
     with (
-        run_stack(roles=("gateway",), request_timeout_s=0.5, heartbeat_interval_s=0.3) as s,
+        run_stack(
+            roles=("gateway",),
+            request_timeout_s=0.5,
+            heartbeat_interval_s=0.3,
+            configured_gpus=("l4",),  # the lane catalog: l4 is a lane that can scale up
+        ) as s,
         httpx.Client(base_url=s.base_url) as c,
     ):
         r = c.post(URL, json={"items": [{"text": "nobody home"}]})

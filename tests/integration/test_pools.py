@@ -189,3 +189,54 @@ def test_two_gateways_over_nats_share_pools(nats_server: Any) -> None:
             == 409
         )
         c.delete(f"{first.base_url}/v1/pools/raced")
+
+
+def _series(text: str) -> set[str]:
+    return {ln.split(" ")[0] for ln in text.splitlines() if ln.startswith("sie_gateway")}
+
+
+def test_bogus_routing_headers_add_no_series_and_no_streams(c: httpx.Client, stack: Stack) -> None:
+    """1,000 requests with distinct made-up pools and profiles: each is refused, and
+    none creates a metric series, a pending-demand entry or a stream (issue 14)."""
+    gw = stack.running.gateway
+    assert gw is not None
+    before_series = _series(c.get("/metrics").text)
+    before_streams = set(stack.running.bus._streams)  # type: ignore[attr-defined]
+    before_demand = dict(gw.lanes.pending_demand())
+    codes: dict[int, int] = {}
+    for i in range(1000):
+        headers = (
+            {"X-SIE-Pool": f"bogus-pool-{i}"}
+            if i % 2
+            else {"X-SIE-Machine-Profile": f"bogus-gpu-{i}"}
+        )
+        r = c.post(f"/v1/encode/{MINILM}", json={"items": [{"text": "a"}]}, headers=headers)
+        codes[r.status_code] = codes.get(r.status_code, 0) + 1
+    assert codes == {404: 500, 503: 500}, codes  # no pool; no worker, no lane
+    assert _series(c.get("/metrics").text) == before_series
+    assert set(stack.running.bus._streams) == before_streams  # type: ignore[attr-defined]
+    assert gw.lanes.pending_demand() == before_demand
+
+
+def test_a_declared_catalog_refuses_unknown_profiles_and_resolves_aliases() -> None:
+    with (
+        run_stack(
+            preload=(MINILM,),
+            configured_gpus=("default", "l4"),
+            gpu_aliases=(("l4-spot", "l4"),),
+        ) as s,
+        httpx.Client(base_url=s.base_url, timeout=30) as c,
+    ):
+        body = {"items": [{"text": "a"}]}
+        r = c.post(f"/v1/encode/{MINILM}", json=body, headers={"X-SIE-Machine-Profile": "h100"})
+        assert r.status_code == 400 and r.json()["detail"]["field"] == "X-SIE-Machine-Profile"
+        assert "l4" in r.json()["detail"]["message"]
+        # the alias names the configured l4 lane: no worker yet, so PROVISIONING with
+        # demand recorded for the autoscaler, on the canonical lane
+        gw = s.running.gateway
+        assert gw is not None
+        wait_for(lambda: not gw.directory.in_startup_grace(), timeout_s=10)  # it knows now
+        r = c.post(f"/v1/encode/{MINILM}", json=body, headers={"X-SIE-Machine-Profile": "L4-Spot"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "PROVISIONING"
+        assert ("default", "l4", "default") in gw.lanes.pending_demand()
+        assert c.post(f"/v1/encode/{MINILM}", json=body).status_code == 200

@@ -83,7 +83,7 @@ class GenerationDispatch:
         lanes: LaneTelemetry,
         admission: AdmissionGate,
         router_id: str,
-        lane_of: Callable[[ModelEntry, str | None, str | None], tuple[PoolRoute, str]],
+        lane_of: Callable[[ModelEntry, str, str | None, str | None], tuple[PoolRoute, str]],
         payloads: PayloadStore,
         metrics: Metrics,
     ) -> None:
@@ -265,7 +265,7 @@ class GenerationDispatch:
                 f"it offers {offers}",
                 field="model",
             )
-        target, profile = self.lane_of(entry, pool, machine_profile)
+        target, profile = self.lane_of(entry, bundle, pool, machine_profile)
         pool_ = target.queue_pool
         lane = gw.lanes.lane(pool_, profile, bundle)
         worker_id: str | None = None

@@ -23,8 +23,10 @@ from sie.core.errors import (
     InvalidInput,
     PoolConflict,
     PoolNotFound,
+    Provisioning,
     SieError,
 )
+from sie.core.lane_catalog import LaneCatalog
 from sie.core.pools import (
     DEFAULT_POOL,
     Pool,
@@ -36,6 +38,7 @@ from sie.core.pools import (
 )
 from sie.core.registry import ModelRegistry
 from sie.roles.gateway.directory import WorkerDirectory
+from sie.roles.gateway.requests import lane_of, split_routing
 from sie.transport.pools import PoolStore
 
 __all__ = ["REFRESH_S", "PoolManager", "PoolRoute"]
@@ -68,8 +71,14 @@ class PoolManager:
         registry: ModelRegistry,
         *,
         static_queue_pools: tuple[str, ...] = (),
+        catalog: LaneCatalog | None = None,
+        default_profile: str = "default",
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """``catalog``: the lanes requests may resolve to (``sie.core.lane_catalog``);
+        ``default_profile``: the machine profile of a request that names none."""
+        self.catalog = catalog if catalog is not None else LaneCatalog()
+        self.default_profile = default_profile
         self.store = store
         self.directory = directory
         self.registry = registry
@@ -297,3 +306,40 @@ class PoolManager:
         raise PoolNotFound(
             f"pool {name!r} does not exist (create it with POST /v1/pools)", pool=name
         )
+
+    def lane(
+        self, model_pool: str, bundle: str, pool: str | None, machine_profile: str | None
+    ) -> tuple[PoolRoute, str]:
+        """Where a request for a model of ``model_pool`` and ``bundle`` goes, from its
+        ``X-SIE-Pool`` / ``X-SIE-Machine-Profile`` headers (the SDK's ``pool/profile``
+        form included): the pool route and the canonical machine profile, checked
+        against the lane catalog (caller input never invents a lane).
+
+        Raises:
+            InvalidInput: a bad header, or a profile a declared catalog lacks (400).
+            PoolNotFound: a named pool that does not exist (404).
+            Provisioning: a profile nothing knows of (503; no telemetry recorded).
+        """
+        pool, machine_profile = split_routing(pool, machine_profile)
+        route = self.route(pool, model_pool)
+        _, profile = lane_of(route.queue_pool, machine_profile, self.default_profile)
+        profile = self.catalog.profile(profile)
+        lane = (route.queue_pool, profile, bundle)
+        live = self.directory.live()
+        lanes = {(hb.pool.lower(), hb.machine_profile.lower(), hb.bundle) for hb in live}
+        known = self.catalog.knows(
+            lane,
+            default_profile=self.default_profile,
+            worker_profiles={hb.machine_profile.lower() for hb in live},
+            served=lambda x: x in lanes,
+        )
+        if not known:
+            if self.catalog.declared:
+                raise self.catalog.unknown(machine_profile or profile)
+            raise Provisioning(
+                f"no worker serves machine profile {profile!r}; retry later",
+                pool=route.queue_pool,
+                machine_profile=profile,
+                bundle=bundle,
+            )
+        return route, profile

@@ -49,13 +49,7 @@ from sie.roles.gateway.offload import offload_large, sweep_orphans
 from sie.roles.gateway.pending import StreamPending
 from sie.roles.gateway.pools import PoolManager, PoolRoute
 from sie.roles.gateway.publish import WorkPublisher
-from sie.roles.gateway.requests import (
-    DEFAULT_ROUTING,
-    Routing,
-    check_request,
-    lane_of,
-    split_routing,
-)
+from sie.roles.gateway.requests import DEFAULT_ROUTING, Routing, check_request
 from sie.roles.gateway.shedding import admit
 from sie.roles.gateway.work import encode_work
 from sie.settings_views import BusSettings, GatewaySettings, LimitsSettings
@@ -220,7 +214,7 @@ class GatewayRole:
         """
         try:
             entry, bundle = self.registry.resolve(model_id)
-            route, profile = self.lane_of(entry, pool, machine_profile)
+            route, profile = self.lane_of(entry, bundle, pool, machine_profile)
         except SieError:
             return
         pool_ = route.queue_pool
@@ -348,20 +342,14 @@ class GatewayRole:
         )
 
     def lane_of(
-        self, entry: ModelEntry, pool: str | None, machine_profile: str | None
+        self, entry: ModelEntry, bundle: str, pool: str | None, machine_profile: str | None
     ) -> tuple[PoolRoute, str]:
-        """Where a request goes: its pool (``X-SIE-Pool``, resolved by the pool
-        manager: docs/pools.md) and machine profile (``X-SIE-Machine-Profile``, the
-        SDK's ``pool/profile`` form included), lowercase.
+        """Where a request goes (``PoolManager.lane``: pool, machine profile, catalog).
 
         Raises:
-            InvalidInput: a header value that is not a valid name (400).
-            PoolNotFound: a named pool that does not exist (404: fails closed).
+            InvalidInput (400), PoolNotFound (404), Provisioning (503).
         """
-        pool, machine_profile = split_routing(pool, machine_profile)
-        route = self.pools.route(pool, entry.config.effective_pool)
-        _, profile = lane_of(route.queue_pool, machine_profile, self.settings.machine_profile)
-        return route, profile
+        return self.pools.lane(entry.config.effective_pool, bundle, pool, machine_profile)
 
     async def _run(
         self,
@@ -376,7 +364,7 @@ class GatewayRole:
         every result (§2, §16.2)."""
         t0 = time.monotonic()
         model_id = entry.model_id  # canonical: "m:default" is "m"
-        route, profile = self.lane_of(entry, routing.pool, routing.machine_profile)
+        route, profile = self.lane_of(entry, bundle, routing.pool, routing.machine_profile)
         pool = route.queue_pool
         lane = self.lanes.lane(pool, profile, bundle)
         # a pool the caller named is published to even with no worker yet (§2: its
