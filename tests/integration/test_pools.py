@@ -240,3 +240,54 @@ def test_a_declared_catalog_refuses_unknown_profiles_and_resolves_aliases() -> N
         assert r.status_code == 503 and r.json()["error"]["code"] == "PROVISIONING"
         assert ("default", "l4", "default") in gw.lanes.pending_demand()
         assert c.post(f"/v1/encode/{MINILM}", json=body).status_code == 200
+
+
+def test_a_pool_routes_to_its_workers_only_and_fails_closed_when_it_expires(
+    nats_server: Any,
+) -> None:
+    """Issue 14 acceptance: two workers on different lanes over NATS; a pool created
+    with a TTL sends its traffic to its assigned worker only, expires when not renewed,
+    and its requests then fail closed while the default pool still serves."""
+    common = {"bus": "nats", "nats_url": nats_server.url, "config_poll_interval_s": 60}
+    with (
+        run_stack(roles=("gateway", "config"), wait_worker=False, **common) as gw_stack,
+        run_stack(
+            roles=("worker",), preload=(MINILM,), machine_profile="l4", worker_id="w-l4", **common
+        ),
+        run_stack(
+            roles=("worker",),
+            preload=(MINILM,),
+            machine_profile="a100",
+            worker_id="w-a100",
+            **common,
+        ),
+        httpx.Client(base_url=gw_stack.base_url, timeout=30) as c,
+    ):
+        gw = gw_stack.running.gateway
+        assert gw is not None
+        wait_for(lambda: {"w-l4", "w-a100"} <= {h.worker_id for h in gw.live_workers()}, 30)
+        r = c.post("/v1/pools", json={"name": "gpu-tenant", "gpus": {"l4": 1}, "ttl_seconds": 3})
+        assert r.status_code == 201, r.text
+        assert [w["name"] for w in r.json()["status"]["assigned_workers"]] == ["w-l4"]
+        body = {"items": [{"text": "for the tenant"}]}
+        served: dict[str, int] = {}
+        for _ in range(20):
+            r = c.post(f"/v1/encode/{MINILM}", json=body, headers={"X-SIE-Pool": "gpu-tenant"})
+            assert r.status_code == 200, r.text
+            served[r.headers["x-sie-worker"]] = served.get(r.headers["x-sie-worker"], 0) + 1
+        assert served == {"w-l4": 20}
+        # the other lane serves its own traffic; the pool has no a100 capacity
+        other = {"X-SIE-Pool": "default", "X-SIE-Machine-Profile": "a100"}
+        r = c.post(f"/v1/encode/{MINILM}", json=body, headers=other)
+        assert r.status_code == 200 and r.headers["x-sie-worker"] == "w-a100"
+        r = c.post(
+            f"/v1/encode/{MINILM}",
+            json=body,
+            headers={"X-SIE-Pool": "gpu-tenant", "X-SIE-Machine-Profile": "a100"},
+        )
+        assert r.status_code == 400
+        # not renewed: expired, and its traffic fails closed; the default pool serves
+        wait_for(lambda: c.get("/v1/pools/gpu-tenant").status_code == 404, timeout_s=10)
+        r = c.post(f"/v1/encode/{MINILM}", json=body, headers={"X-SIE-Pool": "gpu-tenant"})
+        assert r.status_code == 404 and r.json()["detail"]["code"] == "POOL_NOT_FOUND"
+        assert c.post(f"/v1/encode/{MINILM}", json=body, headers=other).status_code == 200

@@ -53,12 +53,16 @@ _CAS_ATTEMPTS = 5
 
 class PoolRoute:
     """Where ``X-SIE-Pool`` sends a request: the logical pool (``admission_pool``), the
-    queue pool whose stream it is published on, and whether the caller pinned it."""
+    queue pool whose stream it is published on, whether the caller pinned it, and an
+    API pool's machine profiles (its ``gpus``; empty for other pools)."""
 
-    __slots__ = ("logical", "pinned", "queue_pool")
+    __slots__ = ("logical", "pinned", "profiles", "queue_pool")
 
-    def __init__(self, logical: str, queue_pool: str, pinned: bool) -> None:
+    def __init__(
+        self, logical: str, queue_pool: str, pinned: bool, profiles: tuple[str, ...] = ()
+    ) -> None:
         self.logical, self.queue_pool, self.pinned = logical, queue_pool, pinned
+        self.profiles = profiles
 
 
 class PoolManager:
@@ -298,7 +302,7 @@ class PoolManager:
             return PoolRoute(name, name, True)
         pool = self._live(name)
         if pool is not None:
-            return PoolRoute(name, pool.spec.queue_pool, True)
+            return PoolRoute(name, pool.spec.queue_pool, True, tuple(sorted(pool.spec.gpus)))
         if name in self.static_queue_pools or any(
             hb.pool.lower() == name for hb in self.directory.live()
         ):
@@ -322,10 +326,19 @@ class PoolManager:
         """
         pool, machine_profile = split_routing(pool, machine_profile)
         route = self.route(pool, model_pool)
-        _, profile = lane_of(route.queue_pool, machine_profile, self.default_profile)
-        profile = self.catalog.profile(profile)
-        lane = (route.queue_pool, profile, bundle)
         live = self.directory.live()
+        if route.profiles and machine_profile is None:  # the pool's own capacity
+            profile = self._pool_profile(route, bundle)
+        else:
+            _, profile = lane_of(route.queue_pool, machine_profile, self.default_profile)
+            profile = self.catalog.profile(profile)
+        if route.profiles and profile not in route.profiles:
+            raise InvalidInput(
+                f"X-SIE-Machine-Profile: pool {route.logical!r} has no machine profile "
+                f"{profile!r} (it has {', '.join(route.profiles)})",
+                field="X-SIE-Machine-Profile",
+            )
+        lane = (route.queue_pool, profile, bundle)
         lanes = {(hb.pool.lower(), hb.machine_profile.lower(), hb.bundle) for hb in live}
         known = self.catalog.knows(
             lane,
@@ -343,3 +356,13 @@ class PoolManager:
                 bundle=bundle,
             )
         return route, profile
+
+    def _pool_profile(self, route: PoolRoute, bundle: str) -> str:
+        """The machine profile an API pool's request without one goes to: that of its
+        first assigned live worker of the bundle (worker-id order), else its first."""
+        pool = self._live(route.logical)
+        if pool is not None:
+            for w in assign(pool.spec, self.workers()):
+                if w.bundle == bundle:
+                    return w.machine_profile.lower()
+        return route.profiles[0]
