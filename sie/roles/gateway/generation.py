@@ -46,11 +46,10 @@ from sie.roles.gateway.collect import load_failure_fields
 from sie.roles.gateway.direct import MAX_ATTEMPTS, next_chunk, send_generation, wait_accept
 from sie.roles.gateway.directory import WorkerDirectory
 from sie.roles.gateway.lanes import LaneTelemetry
-from sie.roles.gateway.offload import offload_large
+from sie.roles.gateway.offload import Offloader
 from sie.roles.gateway.pools import PoolRoute
-from sie.telemetry import Metrics, tracer
-from sie.transport.base import Bus, data_limit
-from sie.transport.payloads import PayloadStore
+from sie.telemetry import tracer
+from sie.transport.base import Bus
 
 __all__ = ["GenerationDispatch", "GenerationStream", "chunk_error"]
 
@@ -84,14 +83,12 @@ class GenerationDispatch:
         admission: AdmissionGate,
         router_id: str,
         lane_of: Callable[[ModelEntry, str, str | None, str | None], tuple[PoolRoute, str]],
-        payloads: PayloadStore,
-        metrics: Metrics,
+        offloader: Offloader,
     ) -> None:
-        """``payloads``: where a generation item over the bus's ``max_payload`` goes
-        (docs/api.md §12)."""
+        """``offloader``: sends a generation item over the bus's ``max_payload`` by
+        reference (docs/api.md §12)."""
         self.bus = bus
-        self.payloads = payloads
-        self.metrics = metrics
+        self.offloader = offloader
         self.registry = registry
         self.directory = directory
         self.lanes = lanes
@@ -301,15 +298,7 @@ class GenerationDispatch:
         attempts: list[str] = []  # the workers offered this generation, in order
         try:
             work = [(item.work_item_id, item.to_bytes())]
-            await offload_large(
-                work,
-                stored,
-                limit=data_limit(gw.bus.max_payload),
-                store=self.payloads,
-                router_id=gw.router_id,
-                request_id=request_id,
-                metrics=self.metrics,
-            )
+            await self.offloader.offload(work, stored, request_id)
             first: GenerationChunk | None = None
             while first is None:  # offered to one live worker after another (direct.py)
                 if worker_id is None:
@@ -399,11 +388,7 @@ class GenerationDispatch:
                         await gw.bus.publish(cancel_subject(gw.router_id, request_id), b"")
                     except SieError as exc:
                         log.warning("cannot cancel generation %s: %s", request_id, exc)
-                if stored:
-                    try:
-                        await self.payloads.delete(stored)
-                    except SieError as exc:
-                        log.warning("cannot delete the payload of %s: %s", request_id, exc)
+                await self.offloader.release(stored)
 
     def _hold(self, worker_id: str, n: int) -> None:
         """Count ``n`` more (or fewer) open generations on ``worker_id``."""

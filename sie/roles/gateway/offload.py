@@ -12,9 +12,10 @@ import anyio
 from sie.core.errors import SieError
 from sie.core.wire import packb, unpackb
 from sie.telemetry import Metrics
+from sie.transport.base import Bus, data_limit
 from sie.transport.payloads import PayloadStore, payload_key
 
-__all__ = ["ROUTING_FIELDS", "SWEEP_INTERVAL_S", "offload_large", "sweep_orphans"]
+__all__ = ["ROUTING_FIELDS", "SWEEP_INTERVAL_S", "Offloader", "offload_large", "sweep_orphans"]
 
 log = logging.getLogger(__name__)
 
@@ -91,3 +92,37 @@ async def sweep_orphans(store: PayloadStore, older_than_s: float) -> None:
                 log.info("removed %d orphaned payloads from the payload store", removed)
         except SieError as exc:
             log.warning("payload store sweep failed: %s", exc.message)
+
+
+class Offloader:
+    """One gateway's way of sending oversized work items by reference: what fits the
+    bus goes inline, the rest through ``store`` (``offload``), removed when the request
+    ends (``release``)."""
+
+    def __init__(self, bus: Bus, store: PayloadStore, router_id: str, metrics: Metrics) -> None:
+        self.bus, self.store, self.router_id, self.metrics = bus, store, router_id, metrics
+
+    async def offload(
+        self, work: list[tuple[str, bytes]], keys: list[str], request_id: str
+    ) -> None:
+        """``offload_large`` at the bus's current ``max_payload``."""
+        await offload_large(
+            work,
+            keys,
+            limit=data_limit(self.bus.max_payload),
+            store=self.store,
+            router_id=self.router_id,
+            request_id=request_id,
+            metrics=self.metrics,
+        )
+
+    async def release(self, keys: list[str]) -> None:
+        """Best-effort removal of a finished request's offloaded items, even while it is
+        being cancelled (the periodic sweep catches what this misses)."""
+        if not keys:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.store.delete(keys)
+            except SieError as exc:
+                log.warning("cannot delete %d offloaded payloads: %s", len(keys), exc.message)

@@ -45,7 +45,7 @@ from sie.roles.gateway.dlq import DeadLetters
 from sie.roles.gateway.generation import GenerationDispatch
 from sie.roles.gateway.inbox import ResultInbox
 from sie.roles.gateway.lanes import Lane, LaneTelemetry
-from sie.roles.gateway.offload import offload_large, sweep_orphans
+from sie.roles.gateway.offload import Offloader, sweep_orphans
 from sie.roles.gateway.pending import StreamPending
 from sie.roles.gateway.pools import PoolManager, PoolRoute
 from sie.roles.gateway.publish import WorkPublisher
@@ -54,7 +54,7 @@ from sie.roles.gateway.shedding import admit
 from sie.roles.gateway.work import encode_work
 from sie.settings_views import BusSettings, GatewaySettings, LimitsSettings
 from sie.telemetry import METRICS, Metrics
-from sie.transport.base import Bus, Subscription, data_limit
+from sie.transport.base import Bus, Subscription
 from sie.transport.payloads import PayloadStore
 
 __all__ = ["GatewayRole"]
@@ -97,6 +97,7 @@ class GatewayRole:
         self.router_id = settings.router_id
         self._given_up = False
         self.payloads = payloads
+        self.offloader = Offloader(bus, payloads, self.router_id, metrics)
         self.metrics = metrics
         # results (whole or chunked) to the requests waiting for them
         self.inbox = ResultInbox(metrics, directory.saw, max_result_bytes=limits.max_response_bytes)
@@ -120,8 +121,7 @@ class GatewayRole:
             admission=admission,
             router_id=self.router_id,
             lane_of=self.lane_of,
-            payloads=payloads,
-            metrics=metrics,
+            offloader=self.offloader,
         )
         self.dead_letters = DeadLetters(
             bus, storage=streams.stream_storage, replicas=streams.stream_replicas
@@ -411,15 +411,7 @@ class GatewayRole:
                 **works[0],
             )
             work = await encode_work(first, works)
-            await offload_large(
-                work,
-                stored,
-                limit=data_limit(self.bus.max_payload),
-                store=self.payloads,
-                router_id=self.router_id,
-                request_id=request_id,
-                metrics=self.metrics,
-            )
+            await self.offloader.offload(work, stored, request_id)
             published = True
             wait_s = routing.timeout_s or self.settings.request_timeout_s
             try:
@@ -450,8 +442,7 @@ class GatewayRole:
             self.lanes.add_in_flight(lane, -n)
             if published and col.remaining:
                 await self._abandon(request_id)
-            if stored:
-                await self._delete_payloads(stored)
+            await self.offloader.release(stored)
         results = [r for r in col.results if r is not None]
         raise_failures(results)
         return Collected(request_id, entry, results, publish_ms, (time.monotonic() - t0) * 1000.0)
@@ -466,15 +457,6 @@ class GatewayRole:
             if col.credits is not None:  # a windowed publisher stops waiting too
                 for _ in range(col.total):
                     col.credits.release()
-
-    async def _delete_payloads(self, keys: list[str]) -> None:
-        """Best-effort removal of a finished request's offloaded items (the periodic
-        sweep catches what this misses, e.g. after a crash)."""
-        with anyio.CancelScope(shield=True):
-            try:
-                await self.payloads.delete(keys)
-            except SieError as exc:
-                log.warning("cannot delete %d offloaded payloads: %s", len(keys), exc.message)
 
     async def _abandon(self, request_id: str) -> None:
         """Best-effort ``work_cancel`` so workers drop this request's remaining items (§8)."""
