@@ -154,8 +154,13 @@ async def health(request: Request) -> Response:
             "version": __version__,
             "router_id": gateway.router_id,
             "uptime_s": round(now - gateway.started_at, 3),
+            # capacity, as the SDK's get_capacity reads it (one accelerator per worker)
+            "configured_gpu_types": sorted(gateway.pools.catalog.configured_gpus),
+            "live_gpu_types": sorted({w.machine_profile.lower() for w in workers if w.ready}),
             "cluster": {
                 "worker_count": len(workers),
+                "gpu_count": sum(1 for w in workers if w.ready),
+                "total_qps": round(gateway.requests.rate(), 3),
                 "models_loaded": sum(
                     1 for m in models.values() if "loaded" in m["states"].values()
                 ),

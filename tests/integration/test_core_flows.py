@@ -111,6 +111,10 @@ def test_models_and_health(c: httpx.Client, bus_stack: Stack) -> None:
     worker = health["workers"][0]
     assert worker["worker_id"] == bus_stack.settings.worker_id
     assert {m["name"]: m["state"] for m in worker["models"]}[MINILM] == "loaded"
+    # the capacity fields the SDK's get_capacity reads (issue 14)
+    assert health["live_gpu_types"] == ["default"] and health["configured_gpu_types"] == []
+    assert health["cluster"]["gpu_count"] == 1
+    assert health["cluster"]["total_qps"] > 0  # the encodes of the earlier tests
 
 
 def test_a_config_write_is_served_without_a_restart(bus_stack: Stack) -> None:

@@ -49,6 +49,7 @@ from sie.roles.gateway.offload import Offloader, sweep_orphans
 from sie.roles.gateway.pending import StreamPending
 from sie.roles.gateway.pools import PoolManager, PoolRoute
 from sie.roles.gateway.publish import WorkPublisher
+from sie.roles.gateway.rates import RateMeter
 from sie.roles.gateway.requests import DEFAULT_ROUTING, Routing, check_request
 from sie.roles.gateway.shedding import admit
 from sie.roles.gateway.work import encode_work
@@ -98,6 +99,7 @@ class GatewayRole:
         self._given_up = False
         self.payloads = payloads
         self.offloader = Offloader(bus, payloads, self.router_id, metrics)
+        self.requests = RateMeter()  # encode/score/extract requests, for /health
         self.metrics = metrics
         # results (whole or chunked) to the requests waiting for them
         self.inbox = ResultInbox(metrics, directory.saw, max_result_bytes=limits.max_response_bytes)
@@ -363,6 +365,7 @@ class GatewayRole:
         fields go into the ``WorkItem``; entries differ only in ``item``) and collect
         every result (§2, §16.2)."""
         t0 = time.monotonic()
+        self.requests.tick()
         model_id = entry.model_id  # canonical: "m:default" is "m"
         route, profile = self.lane_of(entry, bundle, routing.pool, routing.machine_profile)
         pool = route.queue_pool
