@@ -42,6 +42,7 @@ def scripted_worker(
     seen: list[WorkItem],
     worker_id: str = "fake-w",
     hang_after: int | None = None,
+    keep_beating: bool = False,
 ) -> Any:
     """A fake worker that heartbeats, records what it is sent and answers with
     chunks numbered ``seqs``. With ``hang_after``, it hangs once it has sent that many
@@ -88,7 +89,8 @@ def scripted_worker(
                 seen.append(item)
                 for n, seq in enumerate(seqs):
                     if n == hang_after:
-                        hung.set()
+                        if not keep_beating:  # else: live, but stuck
+                            hung.set()
                         await anyio.sleep_forever()
                     last = seq == seqs[-1]
                     chunk = GenerationChunk(
@@ -106,9 +108,15 @@ def scripted_worker(
     return run
 
 
-def lines_of(stack: Stack, headers: dict[str, str] | None = None) -> list[str]:
+def lines_of(
+    stack: Stack, headers: dict[str, str] | None = None, timeout_s: float = 10
+) -> list[str]:
     with httpx.stream(
-        "POST", f"{stack.base_url}/v1/chat/completions", json=ASK, headers=headers, timeout=10
+        "POST",
+        f"{stack.base_url}/v1/chat/completions",
+        json=ASK,
+        headers=headers,
+        timeout=timeout_s,
     ) as r:
         assert r.status_code == 200
         return [ln for ln in r.iter_lines() if ln]
@@ -183,3 +191,27 @@ def test_a_worker_lost_mid_stream_ends_it_with_an_error_event(gateway_only: Stac
         assert "worker_lost" in "\n".join(lines) and "data: [DONE]" not in lines
     finally:
         future.cancel()
+
+
+@pytest.mark.timeout(60)
+def test_a_live_worker_that_does_not_accept_in_time_is_passed_over(gateway_only: Stack) -> None:
+    """A worker that keeps heartbeating but never takes the generation: after the
+    accept timeout the gateway offers it to another worker (issue 13 item 6)."""
+    stuck_seen: list[WorkItem] = []
+    seen: list[WorkItem] = []
+    portal = gateway_only.portal
+    stuck = portal.start_task_soon(
+        scripted_worker(
+            gateway_only, [0, 1], stuck_seen, worker_id="a-stuck", hang_after=0, keep_beating=True
+        )
+    )
+    good = portal.start_task_soon(scripted_worker(gateway_only, [0, 1, 2], seen))
+    try:
+        gw = gateway_only.running.gateway
+        assert gw is not None
+        wait_for(lambda: {"a-stuck", "fake-w"} <= {h.worker_id for h in gw.live_workers()}, 10)
+        lines = lines_of(gateway_only, timeout_s=30)
+        assert lines[-1] == "data: [DONE]" and len(stuck_seen) == 1 and len(seen) == 1
+    finally:
+        stuck.cancel()
+        good.cancel()

@@ -8,8 +8,8 @@ such stream (gone, or the broker lost it), the item goes to the lane's pool stre
 where any worker of the lane takes it.
 
 While the gateway waits for a worker to accept (the first chunk, ``seq`` 0) it watches
-that worker's heartbeats: a worker that stops being live before accepting is replaced
-by another one (``MAX_ATTEMPTS`` in all). After acceptance, a worker that stops being
+that worker's heartbeats: a worker that stops being live before accepting, or does not
+accept within the accept timeout, is replaced by another one (``MAX_ATTEMPTS`` in all). After acceptance, a worker that stops being
 live ends the stream with 503 ``WORKER_LOST``, never a stream that just stops.
 """
 

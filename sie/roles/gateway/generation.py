@@ -300,11 +300,17 @@ class GenerationDispatch:
             work = [(item.work_item_id, item.to_bytes())]
             await self.offloader.offload(work, stored, request_id)
             first: GenerationChunk | None = None
+            failed: SieError | None = None  # why the last offer was not taken
             while first is None:  # offered to one live worker after another (direct.py)
                 if worker_id is None:
-                    worker_id = self.choose_worker(
-                        entry.model_id, pool_, profile, bundle, exclude=set(attempts)
-                    )
+                    try:
+                        worker_id = self.choose_worker(
+                            entry.model_id, pool_, profile, bundle, exclude=set(attempts)
+                        )
+                    except Provisioning:
+                        if failed is None:
+                            raise
+                        raise failed from None  # no other worker to offer it to
                 attempts.append(worker_id)
                 self._hold(worker_id, 1)
                 via = await send_generation(
@@ -323,24 +329,24 @@ class GenerationDispatch:
                         self.directory.is_live,
                         anyio.current_time() + ACCEPT_TIMEOUT_S,
                     )
-                except TimeoutError:
-                    raise GatewayTimeout(
+                except TimeoutError:  # live but not taking it: offer it to another
+                    failed = GatewayTimeout(
                         f"worker {worker_id!r} did not accept the generation within "
                         f"{ACCEPT_TIMEOUT_S:g}s",
                         request_id=request_id,
-                    ) from None
-                if first is None:
-                    log.warning(
-                        "generation %s: worker %s was lost before accepting", request_id, worker_id
                     )
+                else:
+                    failed = WorkerLost(
+                        f"worker {worker_id!r} was lost before accepting the generation; "
+                        "retry later",
+                        request_id=request_id,
+                    )
+                if first is None:
+                    log.warning("generation %s: %s", request_id, failed.message)
                     self._hold(worker_id, -1)
                     worker_id = None
                     if len(attempts) >= MAX_ATTEMPTS:
-                        raise WorkerLost(
-                            f"{len(attempts)} workers were lost before accepting the "
-                            "generation; retry later",
-                            request_id=request_id,
-                        )
+                        raise failed
             if first.error_code is not None:
                 finished = True
                 raise chunk_error(first)
