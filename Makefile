@@ -34,7 +34,7 @@ run: $(STAMP) ## serve every role in one process on the in-memory bus (MiniLM an
 		--models-dir configs --bundles-dir bundles \
 		--preload sentence-transformers/all-MiniLM-L6-v2 HuggingFaceTB/SmolLM2-135M-Instruct
 
-test: lint type ## lint, type check, then the whole test suite (unit, contract, integration, e2e)
+test: lint type ## lint, type check, then the whole test suite (unit, contract, integration, e2e, hostile, faults)
 	$(BIN)/pytest -q
 
 test-fast: $(STAMP) ## unit and contract tests only

@@ -69,6 +69,8 @@ class ServeSettings(BaseModel):
     max_inflight_body_bytes: int = Field(default=1024 * 1024 * 1024, gt=0)
     # encoded worker results one request may collect (the reply is built from them)
     max_response_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    # an extract text is read whole, window by window: bounded so one fits the timeout
+    max_extract_chars: int = Field(default=100_000, gt=0)
     http_header_timeout_s: float = Field(default=15.0, gt=0)
     http_body_timeout_s: float = Field(default=60.0, gt=0)
     max_large_body_reads: int = Field(default=4, ge=1)
@@ -365,6 +367,7 @@ ENV_VARS: dict[str, str] = {
     "SIE_DRAIN_TIMEOUT_S": "drain_timeout_s",
     "SIE_MAX_INFLIGHT_BODY_BYTES": "max_inflight_body_bytes",
     "SIE_MAX_RESPONSE_BYTES": "max_response_bytes",
+    "SIE_MAX_EXTRACT_CHARS": "max_extract_chars",
     "SIE_HTTP_HEADER_TIMEOUT_S": "http_header_timeout_s",
     "SIE_HTTP_BODY_TIMEOUT_S": "http_body_timeout_s",
     "SIE_MAX_LARGE_BODY_READS": "max_large_body_reads",

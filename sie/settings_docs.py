@@ -65,6 +65,9 @@ ENV_DOCS: dict[str, EnvDoc] = {
     "SIE_MAX_RESPONSE_BYTES": EnvDoc(
         "encoded worker results one encode/score/extract request may collect; past it the request stops at once with 413 `PAYLOAD_TOO_LARGE` (JSON replies are several times larger) ([security.md](security.md))"
     ),
+    "SIE_MAX_EXTRACT_CHARS": EnvDoc(
+        "characters of one extract text (extract reads a whole text, window by window; about 10 s of Rampart on two cores at the default); longer is 400 naming the item"
+    ),
     "SIE_HTTP_HEADER_TIMEOUT_S": EnvDoc(
         "seconds a connection may take to send a request line and headers (also the keep-alive idle limit)"
     ),

@@ -61,6 +61,7 @@ class LimitsSettings(SettingsView):
     http_body_timeout_s: float
     max_large_body_reads: int
     max_response_bytes: int
+    max_extract_chars: int
 
 
 class AuthSettings(SettingsView):

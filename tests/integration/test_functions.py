@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -395,6 +396,12 @@ def test_extract_gliner_plumbing(c: httpx.Client) -> None:
 
 def test_extract_errors(c: httpx.Client) -> None:
     bad(c.post(f"/v1/extract/{RAMPART}", json={"items": []}), 400, "items")
+    # extract reads a whole text window by window: a huge one is refused before it can
+    # hold the model for minutes (found by a new-user trial: 1,000,000 characters)
+    t0 = time.monotonic()
+    huge = {"items": [{"text": "a"}, {"text": "üüü " * 25_001}]}
+    msg = bad(c.post(f"/v1/extract/{RAMPART}", json=huge), 400, "items[1].text")
+    assert "100000" in msg and time.monotonic() - t0 < 2
     msg = bad(c.post(f"/v1/extract/{MINILM}", json={"items": [{"text": "a"}]}), 400, "model")
     assert "extract" in msg
 

@@ -46,7 +46,8 @@ def check_request(
 ) -> tuple[ModelEntry, str]:
     """Resolve ``model_id`` and check the request before anything is published:
     the item count, the model's ``task`` (``score`` / ``extract``), and every text
-    (``texts`` plus each item's) against ``max_text_chars``.
+    (``texts`` plus each item's) against ``max_text_chars`` (``max_extract_chars`` for
+    extract).
 
     Raises:
         ModelNotFound: unknown model (404).
@@ -65,6 +66,8 @@ def check_request(
             field="model",
         )
     chars = limits.max_text_chars
+    if task == "extract":  # read whole, window by window: one text must fit the timeout
+        chars = min(chars, limits.max_extract_chars)
     all_texts = texts + [(f"items[{i}].text", it.get("text")) for i, it in enumerate(items)]
     for name, text in all_texts:
         if isinstance(text, str) and len(text) > chars:
