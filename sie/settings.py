@@ -36,6 +36,25 @@ def is_loopback(host: str) -> bool:
         return False  # a hostname: it may resolve to any interface
 
 
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,63}")
+
+
+def _name_tuples(value: str, sep: str, count: int, shape: str) -> tuple[tuple[str, ...], ...]:
+    """A comma-separated list of ``count`` names joined by ``sep`` (pool, profile and
+    bundle names: 1-63 of ``[A-Za-z0-9_-]``), lowercased, duplicates dropped.
+
+    Raises:
+        ValueError: an entry of another shape.
+    """
+    out = []
+    for entry in (x.strip() for x in value.split(",") if x.strip()):
+        parts = [p.strip() for p in entry.split(sep)]
+        if len(parts) != count or not all(_NAME.fullmatch(p) for p in parts):
+            raise ValueError(f"{entry!r} must be {shape}, names of 1-63 of [A-Za-z0-9_-]")
+        out.append(tuple(p.lower() for p in parts))
+    return tuple(dict.fromkeys(out))
+
+
 class ServeSettings(BaseModel):
     """Everything ``sie serve`` needs. Immutable."""
 
@@ -271,43 +290,23 @@ class ServeSettings(BaseModel):
     @field_validator("gpu_aliases", mode="before")
     @classmethod
     def _aliases(cls, v: object) -> object:
-        if not isinstance(v, str):
-            return v
-        out = []
-        for pair in (x.strip() for x in v.split(",") if x.strip()):
-            alias, sep, profile = pair.partition("=")
-            names = [alias.strip(), profile.strip()]
-            if not sep or not all(re.fullmatch(r"[A-Za-z0-9_-]{1,63}", n) for n in names):
-                raise ValueError(f"alias {pair!r} must be alias=profile, names of [A-Za-z0-9_-]")
-            out.append((names[0].lower(), names[1].lower()))
-        return tuple(out)
+        return _name_tuples(v, "=", 2, "alias=profile") if isinstance(v, str) else v
 
     @field_validator("configured_physical_lanes", mode="before")
     @classmethod
     def _lanes(cls, v: object) -> object:
         if not isinstance(v, str):
             return v
-        out = []
-        for lane in (x.strip() for x in v.split(",") if x.strip()):
-            parts = [p.strip() for p in lane.split("/")]
-            if len(parts) != 3 or not all(re.fullmatch(r"[A-Za-z0-9_-]{1,63}", p) for p in parts):
-                raise ValueError(f"lane {lane!r} must be pool/machine_profile/bundle")
-            out.append(tuple(p.lower() for p in parts))
-        if len(set(out)) > 1024:
+        lanes = _name_tuples(v, "/", 3, "pool/machine_profile/bundle")
+        if len(lanes) > 1024:
             raise ValueError("at most 1024 physical lanes")
-        return tuple(dict.fromkeys(out))
+        return lanes
 
     @field_validator("static_queue_pools", "configured_gpus", mode="before")
     @classmethod
     def _queue_pools(cls, v: object) -> tuple[str, ...]:
-        raw = v.split(",") if isinstance(v, str) else list(v)  # type: ignore[call-overload]
-        out = []
-        for name in (str(x).strip() for x in raw):
-            if name and not re.fullmatch(r"[A-Za-z0-9_-]{1,63}", name):
-                raise ValueError(f"queue pool {name!r} must be 1-63 of [A-Za-z0-9_-]")
-            if name:
-                out.append(name.lower())
-        return tuple(dict.fromkeys(out))
+        raw = v if isinstance(v, str) else ",".join(str(x) for x in v)  # type: ignore[attr-defined]
+        return tuple(t[0] for t in _name_tuples(raw, "/", 1, "a name"))
 
     @field_validator("preload", mode="before")
     @classmethod
