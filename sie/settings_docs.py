@@ -129,11 +129,21 @@ ENV_DOCS: dict[str, EnvDoc] = {
         "comma-separated `pool/machine_profile/bundle` lanes (at most 1,024): when set, only these lanes (or ones a live worker serves) get streams, metric series and pending demand"
     ),
     "SIE_POOL_STORE": EnvDoc(
-        "where gateways keep pools: `memory` (this process) or `nats` (a JetStream key-value bucket every gateway on the broker shares)",
+        "where gateways keep pools and workers read them: `memory` (this process), `nats` (a JetStream key-value bucket every process on the broker shares) or `kubernetes` (ConfigMaps, each with a Lease mirroring its TTL, through the pod's service account; needs the `k8s` extra and RBAC on configmaps and leases)",
         unset="`nats` with the NATS bus, else `memory`",
     ),
     "SIE_GATEWAY_REQUEST_WINDOW_ITEMS": EnvDoc(
         "items of one request in the work stream and on the workers at once; the rest are published as its results arrive, so a small request is never stuck behind a large one ([api.md](api.md) §10). Larger: more throughput for a lone large request, less fairness"
+    ),
+    "SIE_POOL_STORE_NAMESPACE": EnvDoc(
+        "with `SIE_POOL_STORE=kubernetes`: the namespace of the pools' ConfigMaps",
+        unset="the pod's own namespace",
+    ),
+    "SIE_GATEWAY_DIRECT_FALLBACK_S": EnvDoc(
+        "gateway: seconds a capped pool's request sent straight to one of its workers may miss results before the missing items go to the pool's queue instead (at once when that worker stops heartbeating; [pools.md](pools.md) \"Capped pools\")"
+    ),
+    "SIE_WORKER_POOL_POLL_S": EnvDoc(
+        "worker: seconds between two readings of the pool store, to learn which pools assign it and which models they pin ([pools.md](pools.md)); a work item of a pool it has not seen yet triggers a reading at once"
     ),
     "SIE_GATEWAY_MAX_LANE_IN_FLIGHT_ITEMS": EnvDoc(
         "gateway: per-lane in-flight items before a lane rejection is counted"

@@ -111,7 +111,9 @@ class GatewaySettings(SettingsView):
     configured_gpus: tuple[str, ...]
     gpu_aliases: tuple[tuple[str, str], ...]
     configured_physical_lanes: tuple[tuple[str, str, str], ...]
-    pool_store: Literal["memory", "nats"] | None
+    pool_store: Literal["memory", "nats", "kubernetes"] | None
+    pool_store_namespace: str | None
+    direct_fallback_s: float
 
 
 class WorkerSettings(SettingsView):
@@ -135,6 +137,7 @@ class WorkerSettings(SettingsView):
     admission_poll_interval_s: float
     model_cache_dir: str
     model_load_wait_s: float
+    pool_poll_s: float
 
 
 class ConfigRoleSettings(SettingsView):

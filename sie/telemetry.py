@@ -122,6 +122,20 @@ class Metrics:
             registry=self.registry,
         )
 
+        # pools (docs/pools.md "Warm floors and pinned models"; architecture §16.3)
+        self.pool_warm_floor = Gauge(
+            "sie_gateway_pool_warm_floor",
+            "Workers to keep warm on a lane: the largest minimum_worker_count of the pools it backs",
+            LANE_LABELS,
+            registry=self.registry,
+        )
+        self.pool_pinned_model_loaded = Gauge(
+            "sie_gateway_pool_pinned_model_loaded",
+            "1 when a live worker assigned to the pool reports the pinned model loaded, else 0",
+            ["pool", "model"],
+            registry=self.registry,
+        )
+
         # large payloads (docs/api.md §12)
         self.chunk_reserved_bytes = Gauge(
             "sie_gateway_queue_result_chunk_reserved_bytes",

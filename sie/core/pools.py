@@ -18,6 +18,7 @@ Pure logic: no I/O, no clock (times are passed in, epoch seconds).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,8 +34,11 @@ __all__ = [
     "Pool",
     "PoolSpec",
     "WorkerRef",
+    "admits",
     "assign",
     "canonical_name",
+    "capped",
+    "hrw_pick",
     "parse_spec",
     "pool_state",
 ]
@@ -156,6 +160,9 @@ class Pool(BaseModel):
     spec: PoolSpec
     created_at: float
     last_renewed: float
+    #: the worker ids assigned when a gateway last looked (written by the gateways,
+    #: read by workers deciding what to admit; ``admits``)
+    assigned_workers: tuple[str, ...] = ()
 
     def expires_at(self) -> float | None:
         """When the lease runs out (None: never)."""
@@ -210,3 +217,36 @@ def pool_state(
         have[w.machine_profile.lower()] = have.get(w.machine_profile.lower(), 0) + 1
     ok = all(have.get(p, 0) >= n for p, n in pool.spec.gpus.items())
     return "active" if ok else "pending"
+
+
+def capped(spec: PoolSpec, machine_profile: str) -> bool:
+    """Whether ``spec`` assigns only some of the workers of ``machine_profile``."""
+    return spec.gpu_caps is not None and machine_profile.lower() in spec.gpu_caps
+
+
+def admits(pool: Pool | None, worker: WorkerRef, now: float) -> bool:
+    """Whether ``worker`` may run work whose ``admission_pool`` is ``pool`` (None: a
+    pool it does not know of, or one removed). An unknown or expired pool admits
+    nothing (fails closed); a pool of another queue pool, machine profile or bundle
+    neither; a capped profile only the workers its gateways last assigned
+    (``Pool.assigned_workers``); otherwise every worker of its lanes."""
+    if pool is None or pool.expired(now):
+        return False
+    spec, profile = pool.spec, worker.machine_profile.lower()
+    if worker.pool.lower() != spec.queue_pool or profile not in spec.gpus:
+        return False
+    if spec.bundle is not None and worker.bundle.lower() != spec.bundle:
+        return False
+    return not capped(spec, profile) or worker.worker_id in pool.assigned_workers
+
+
+def hrw_pick(worker_ids: Iterable[str], key: str) -> str | None:
+    """Rendezvous (highest random weight) choice of one of ``worker_ids`` for ``key``:
+    every gateway picks the same worker for the same key and set, and a worker
+    leaving moves only its own keys. None when there is no worker."""
+    best: tuple[bytes, str] | None = None
+    for w in worker_ids:
+        weight = hashlib.blake2b(f"{w}\x00{key}".encode(), digest_size=8).digest()
+        if best is None or (weight, w) > best:
+            best = (weight, w)
+    return None if best is None else best[1]

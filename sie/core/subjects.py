@@ -16,6 +16,8 @@ __all__ = [
     "DEAD_LETTERS_STREAM",
     "DLQ_PREFIX",
     "HEALTH_WILDCARD",
+    "batch_cancel_subject",
+    "batch_cancel_wildcard",
     "cancel_subject",
     "config_subject",
     "direct_filter",
@@ -123,6 +125,18 @@ def inbox_wildcard(router_id: str) -> str:
 def cancel_subject(router_id: str, request_id: str) -> str:
     """``work_cancel.{router_id}.{request_id}``: best-effort request abandonment (§8)."""
     return f"work_cancel.{normalize_model_id(router_id)}.{normalize_model_id(request_id)}"
+
+
+def batch_cancel_subject(router_id: str, worker_id: str, request_id: str) -> str:
+    """``batch_cancel.{router_id}.{worker_id}.{request_id}``: the request's items queued
+    on the worker's direct stream were published to the pool instead (§8)."""
+    toks = (router_id, worker_id, request_id)
+    return "batch_cancel." + ".".join(normalize_model_id(t) for t in toks)
+
+
+def batch_cancel_wildcard(worker_id: str) -> str:
+    """What ``worker_id`` subscribes to: ``batch_cancel.*.{worker_id}.*``."""
+    return f"batch_cancel.*.{normalize_model_id(worker_id)}.*"
 
 
 def health_subject(worker_id: str) -> str:

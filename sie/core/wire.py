@@ -294,6 +294,7 @@ class WorkResult(_Message):
     input_tokens: int | None = None
     bundle_config_hash: str | None = None
     payload_fetch_ms: float | None = None  # fetching a payload_ref'd item
+    direct_origin: bool | None = None  # True: taken from the worker's direct stream (§8)
 
     def result(self) -> dict[str, Any]:
         """Decode ``result_msgpack``.

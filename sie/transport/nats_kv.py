@@ -11,7 +11,7 @@ import nats.errors
 import nats.js.errors
 
 from sie.transport.base import BusError
-from sie.transport.pools import PoolConflict
+from sie.transport.pools import PoolConflict, Revision
 
 __all__ = ["POOLS_BUCKET", "KeyValueSource", "NatsKvPoolStore"]
 
@@ -59,9 +59,9 @@ class NatsKvPoolStore:
             self._kv = None  # bind again next time (e.g. after a broker restart)
             raise BusError(f"pool store: {exc}") from exc
 
-    async def list_pools(self) -> dict[str, tuple[bytes, int]]:
-        async def run(kv: Any) -> dict[str, tuple[bytes, int]]:
-            out: dict[str, tuple[bytes, int]] = {}
+    async def list_pools(self) -> dict[str, tuple[bytes, Revision]]:
+        async def run(kv: Any) -> dict[str, tuple[bytes, Revision]]:
+            out: dict[str, tuple[bytes, Revision]] = {}
             watcher = await kv.watchall(ignore_deletes=True)
             try:
                 async for entry in watcher:
@@ -73,11 +73,11 @@ class NatsKvPoolStore:
                 await watcher.stop()
             return out
 
-        result: dict[str, tuple[bytes, int]] = await self._call("*", run)
+        result: dict[str, tuple[bytes, Revision]] = await self._call("*", run)
         return result
 
-    async def get(self, name: str) -> tuple[bytes, int] | None:
-        async def run(kv: Any) -> tuple[bytes, int] | None:
+    async def get(self, name: str) -> tuple[bytes, Revision] | None:
+        async def run(kv: Any) -> tuple[bytes, Revision] | None:
             try:
                 entry = await kv.get(name)
             except nats.js.errors.KeyNotFoundError:
@@ -86,23 +86,23 @@ class NatsKvPoolStore:
                 return None
             return bytes(entry.value), int(entry.revision)
 
-        result: tuple[bytes, int] | None = await self._call(name, run)
+        result: tuple[bytes, Revision] | None = await self._call(name, run)
         return result
 
-    async def put(self, name: str, document: bytes, revision: int | None) -> int:
+    async def put(self, name: str, document: bytes, revision: Revision | None) -> Revision:
         async def run(kv: Any) -> int:
             if revision is None:
                 try:
                     return int(await kv.create(name, document))
                 except nats.js.errors.KeyWrongLastSequenceError as exc:
                     raise PoolConflict(f"pool {name!r} already exists") from exc
-            return int(await kv.update(name, document, last=revision))
+            return int(await kv.update(name, document, last=int(revision)))
 
         result: int = await self._call(name, run)
         return result
 
-    async def delete(self, name: str, revision: int | None = None) -> None:
+    async def delete(self, name: str, revision: Revision | None = None) -> None:
         async def run(kv: Any) -> None:
-            await kv.delete(name, last=revision)
+            await kv.delete(name, last=None if revision is None else int(revision))
 
         await self._call(name, run)

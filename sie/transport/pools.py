@@ -18,13 +18,17 @@ from typing import Protocol
 
 from sie.core.errors import PoolConflict
 
-__all__ = ["MemoryPoolStore", "PoolConflict", "PoolStore"]
+__all__ = ["MemoryPoolStore", "PoolConflict", "PoolStore", "Revision"]
+
+#: A stored document's revision: opaque to callers, passed back as read (an int for
+#: the memory and NATS stores, a Kubernetes ``resourceVersion`` string for that one).
+Revision = int | str
 
 
 class PoolStore(Protocol):
     """Pool documents by name, with compare-and-set revisions."""
 
-    async def list_pools(self) -> dict[str, tuple[bytes, int]]:
+    async def list_pools(self) -> dict[str, tuple[bytes, Revision]]:
         """Every pool: name → (document, revision).
 
         Raises:
@@ -32,11 +36,11 @@ class PoolStore(Protocol):
         """
         ...
 
-    async def get(self, name: str) -> tuple[bytes, int] | None:
+    async def get(self, name: str) -> tuple[bytes, Revision] | None:
         """One pool's (document, revision), or None."""
         ...
 
-    async def put(self, name: str, document: bytes, revision: int | None) -> int:
+    async def put(self, name: str, document: bytes, revision: Revision | None) -> Revision:
         """Write ``document``; ``revision`` is the one read (None: create). Returns the
         new revision.
 
@@ -46,7 +50,7 @@ class PoolStore(Protocol):
         """
         ...
 
-    async def delete(self, name: str, revision: int | None = None) -> None:
+    async def delete(self, name: str, revision: Revision | None = None) -> None:
         """Remove the pool (at ``revision``, when given); absent is not an error.
 
         Raises:
@@ -62,13 +66,13 @@ class MemoryPoolStore:
         self._docs: dict[str, tuple[bytes, int]] = {}
         self._revision = 0
 
-    async def list_pools(self) -> dict[str, tuple[bytes, int]]:
+    async def list_pools(self) -> dict[str, tuple[bytes, Revision]]:
         return dict(self._docs)
 
-    async def get(self, name: str) -> tuple[bytes, int] | None:
+    async def get(self, name: str) -> tuple[bytes, Revision] | None:
         return self._docs.get(name)
 
-    async def put(self, name: str, document: bytes, revision: int | None) -> int:
+    async def put(self, name: str, document: bytes, revision: Revision | None) -> Revision:
         have = self._docs.get(name)
         if (have[1] if have else None) != revision:
             raise PoolConflict(f"pool {name!r} changed since it was read")
@@ -76,7 +80,7 @@ class MemoryPoolStore:
         self._docs[name] = (bytes(document), self._revision)
         return self._revision
 
-    async def delete(self, name: str, revision: int | None = None) -> None:
+    async def delete(self, name: str, revision: Revision | None = None) -> None:
         have = self._docs.get(name)
         if have is None:
             return

@@ -1,27 +1,56 @@
 """Pool-store contract (sie.transport.pools docstring; docs/pools.md).
 
-Every adapter runs this suite: the in-memory store (the embedded default) and the NATS
-JetStream key-value store against a real ``nats-server``. The Kubernetes adapter is
-not built yet.
+Every adapter runs this suite: the in-memory store (the embedded default), the NATS
+JetStream key-value store against a real ``nats-server``, and the Kubernetes store
+(ConfigMaps) through the real ``kubernetes_asyncio`` client against a FAKE API server
+on a loopback port (``tests/fakes/fake_k8s.py``: no cluster can run here).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import pytest
 
 from sie.transport.pools import MemoryPoolStore, PoolConflict, PoolStore
+from tests.fakes.fake_k8s import FakeKubernetes
 from tests.natsserver import NatsServer
+
+#: The namespace the Kubernetes store's tests use on the fake API server.
+NAMESPACE = "sie-test"
+
+
+@asynccontextmanager
+async def kubernetes_store(url: str, *, timeout_s: float = 10.0) -> AsyncIterator[Any]:
+    """A ``KubernetesPoolStore`` on the real ``kubernetes_asyncio`` client, talking to
+    the API server at ``url`` (a ``FakeKubernetes``), closed on exit."""
+    from kubernetes_asyncio import client
+
+    from sie.transport.k8s_pools import KubernetesPoolStore
+
+    api = client.ApiClient(client.Configuration(host=url))
+    store = KubernetesPoolStore(api, NAMESPACE, timeout_s=timeout_s)
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=["memory", "nats-kv"])
+@pytest.fixture(params=["memory", "nats-kv", "kubernetes"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[PoolStore]:
     if request.param == "memory":
         yield MemoryPoolStore()
+        return
+    if request.param == "kubernetes":
+        with FakeKubernetes() as fake:
+            async with kubernetes_store(fake.url) as k8s_store:
+                yield k8s_store
         return
     from sie.transport.nats import NatsBus
     from sie.transport.nats_kv import NatsKvPoolStore

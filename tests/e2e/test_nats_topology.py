@@ -165,7 +165,11 @@ def topology(tmp_path: Path) -> Iterator[Topology]:
 
 
 async def fire(
-    bases: list[str], texts: list[str], *, after: Any = None
+    bases: list[str],
+    texts: list[str],
+    *,
+    after: Any = None,
+    headers: dict[str, str] | None = None,
 ) -> list[httpx.Response | Exception]:
     """POST each text concurrently, alternating between the gateways."""
     limits = httpx.Limits(max_connections=len(texts), max_keepalive_connections=len(texts))
@@ -174,7 +178,9 @@ async def fire(
         async def one(i: int, t: str) -> httpx.Response | Exception:
             try:
                 return await c.post(
-                    f"{bases[i % len(bases)]}/v1/encode/{MINILM}", json={"items": [{"text": t}]}
+                    f"{bases[i % len(bases)]}/v1/encode/{MINILM}",
+                    json={"items": [{"text": t}]},
+                    headers=headers,
                 )
             except Exception as exc:  # a hang or a dropped connection is a failure, counted
                 return exc

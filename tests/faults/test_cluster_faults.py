@@ -85,6 +85,45 @@ def test_a_hung_worker_loses_its_items_to_the_other(topo: Topology, st_model: An
     assert {r.headers["x-sie-worker"] for r in again} == {"w1", "w2"}  # type: ignore[union-attr]
 
 
+@pytest.mark.timeout(120)
+def test_a_capped_pool_request_on_a_hung_worker_falls_back_to_the_pool(
+    topo: Topology, st_model: Any
+) -> None:
+    """A capped pool's requests go straight to its one assigned worker (docs/pools.md
+    "Capped pools"). That worker hangs: once its heartbeats stop, the gateways publish
+    the missing items to the pool's queue, the pool is reassigned to the other worker,
+    which admits and answers them. After SIGCONT the hung worker's late direct copies
+    change nothing: every answer is the right vector, from the other worker."""
+    with httpx.Client(base_url=topo.bases[0], timeout=30) as c:
+        r = c.post(
+            "/v1/pools",
+            json={"name": "cap-fault", "gpus": {"default": 1}, "gpu_caps": {"default": 1}},
+        )
+        assert r.status_code == 201, r.text
+        assigned = [w["name"] for w in r.json()["status"]["assigned_workers"]]
+        assert assigned == ["w1"], assigned
+        for base in topo.bases:  # the other gateway reads the pool store every second
+            wait_for(lambda b=base: httpx.get(f"{b}/v1/pools/cap-fault").status_code == 200, 10)
+        header = {"X-SIE-Pool": "cap-fault"}
+        before = asyncio.run(fire(topo.bases, ["before the hang"] * 4, headers=header))
+        assert {r.headers["x-sie-worker"] for r in before} == {"w1"}  # type: ignore[union-attr]
+        hung = topo.procs["w1"]
+        texts = [f"capped while a worker hangs {i}" for i in range(24)]
+        hung.send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            replies = asyncio.run(fire(topo.bases, texts, headers=header))
+            took = time.monotonic() - t0
+        finally:
+            hung.send_signal(signal.SIGCONT)
+        assert _codes(replies) == {200: 24}, [getattr(r, "text", r) for r in replies][:3]
+        assert {r.headers["x-sie-worker"] for r in replies} == {"w2"}  # type: ignore[union-attr]
+        assert took < 20, took
+        np.testing.assert_allclose(_vectors(replies), st_model.encode(texts), atol=1e-5)
+        assert c.delete("/v1/pools/cap-fault").status_code == 200
+    topo.wait_ready()
+
+
 async def _chats(bases: list[str], n: int, after: Any = None) -> list[Any]:
     async with httpx.AsyncClient(timeout=60) as c:
 

@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 
 from sie.core.errors import InvalidInput
-from sie.core.pools import Pool, WorkerRef, assign, canonical_name, parse_spec, pool_state
+from sie.core.pools import (
+    Pool,
+    WorkerRef,
+    admits,
+    assign,
+    canonical_name,
+    capped,
+    hrw_pick,
+    parse_spec,
+    pool_state,
+)
 
 
 def test_names_are_validated_and_lowercased() -> None:
@@ -97,3 +107,35 @@ def test_state_follows_the_required_workers_and_the_lease() -> None:
     )
     assert pool_state(need_more, assign(need_more.spec, W), now=5) == "pending"
     assert pool_state(pool, assign(spec, W), now=10) == "expired"
+
+
+def test_rendezvous_choice_is_stable_spread_and_moves_only_a_leaving_workers_keys() -> None:
+    workers = [f"w{i}" for i in range(4)]
+    keys = [f"req-{i}" for i in range(2000)]
+    picks = {k: hrw_pick(workers, k) for k in keys}
+    assert picks == {k: hrw_pick(list(reversed(workers)), k) for k in keys}  # order-free
+    counts = {w: list(picks.values()).count(w) for w in workers}
+    assert all(400 <= n <= 600 for n in counts.values()), counts
+    after = {k: hrw_pick(workers[:-1], k) for k in keys}
+    moved = {k for k in keys if after[k] != picks[k]}
+    assert moved == {k for k in keys if picks[k] == "w3"}
+    assert hrw_pick([], "x") is None
+
+
+def test_a_worker_admits_only_what_its_pools_assign_it() -> None:
+    spec = parse_spec({"name": "acme", "gpus": {"l4": 1}, "gpu_caps": {"l4": 1}})
+    pool = Pool(spec=spec, created_at=0, last_renewed=0, assigned_workers=("w1",))
+    w1, w2 = WorkerRef("w1", "default", "L4", "b"), WorkerRef("w2", "default", "l4", "b")
+    assert capped(spec, "L4") and not capped(spec, "a100")
+    assert admits(pool, w1, 1.0) and not admits(pool, w2, 1.0)
+    assert not admits(None, w1, 1.0)  # unknown: fails closed
+    # uncapped: every worker of its lanes; other profiles, queue pools, bundles: none
+    open_ = Pool(spec=parse_spec({"name": "o", "gpus": {"l4": 1}}), created_at=0, last_renewed=0)
+    assert admits(open_, w2, 1.0)
+    assert not admits(open_, WorkerRef("w3", "default", "a100", "b"), 1.0)
+    assert not admits(open_, WorkerRef("w3", "other", "l4", "b"), 1.0)
+    bundled = parse_spec({"name": "x", "gpus": {"l4": 1}, "bundle": "c"})
+    assert not admits(Pool(spec=bundled, created_at=0, last_renewed=0), w1, 1.0)
+    # expired: nothing
+    leased = parse_spec({"name": "t", "gpus": {"l4": 1}, "ttl_seconds": 5})
+    assert not admits(Pool(spec=leased, created_at=0, last_renewed=0), w1, 5.0)

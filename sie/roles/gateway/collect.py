@@ -40,6 +40,9 @@ class Collector:
     failure: SieError | None = None
     #: bytes of encoded results collected so far
     result_bytes: int = 0
+    #: items of a worker-direct request republished to the pool (architecture §8):
+    #: a late result from the direct worker for one of them is ignored
+    fallback: frozenset[int] = frozenset()
 
 
 #: Items of one request in the work stream and on the workers at once, by default

@@ -105,6 +105,8 @@ class ResultInbox:
             return  # stale or foreign: drop (architecture §16.2 step 4)
         if result.worker_id is not None:  # a result is proof of life (docs/security.md)
             self.saw(result.worker_id)
+        if result.direct_origin and result.item_index in col.fallback:
+            return  # republished to the pool: only that copy may answer (§8)
         if col.results[result.item_index] is None:
             col.result_bytes += len(result.result_msgpack or b"")
             if self.max_result_bytes is not None and col.result_bytes > self.max_result_bytes:

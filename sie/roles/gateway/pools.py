@@ -34,12 +34,14 @@ from sie.core.pools import (
     WorkerRef,
     assign,
     canonical_name,
+    capped,
+    hrw_pick,
     pool_state,
 )
 from sie.core.registry import ModelRegistry
 from sie.roles.gateway.directory import WorkerDirectory
 from sie.roles.gateway.requests import lane_of, split_routing
-from sie.transport.pools import PoolStore
+from sie.transport.pools import PoolStore, Revision
 
 __all__ = ["REFRESH_S", "PoolManager", "PoolRoute"]
 
@@ -88,7 +90,7 @@ class PoolManager:
         self.registry = registry
         self.static_queue_pools = frozenset(static_queue_pools)
         self.clock = clock
-        self._pools: dict[str, tuple[Pool, int]] = {}
+        self._pools: dict[str, tuple[Pool, Revision]] = {}
 
     # -- the shared store ---------------------------------------------------------------
 
@@ -101,13 +103,14 @@ class PoolManager:
             try:
                 await self.refresh()
                 await self._expire()
+                await self._record_assignments()
             except SieError as exc:  # the store is away: keep the last copy
                 log.warning("pool store: %s", exc.message)
             await anyio.sleep(REFRESH_S)
 
     async def refresh(self) -> None:
         """Read every pool from the store (an unreadable document is skipped)."""
-        pools: dict[str, tuple[Pool, int]] = {}
+        pools: dict[str, tuple[Pool, Revision]] = {}
         for name, (doc, revision) in (await self.store.list_pools()).items():
             try:
                 pools[name] = (Pool.model_validate_json(doc), revision)
@@ -125,6 +128,45 @@ class PoolManager:
                 except PoolConflict:
                     pass  # renewed or removed meanwhile: the next refresh tells
                 self._pools.pop(name, None)
+
+    async def _record_assignments(self) -> None:
+        """Write each live pool's assigned workers to the store when they changed, for
+        the workers deciding what to admit (``sie.core.pools.admits``). Gateways
+        compute the same assignment; a lost compare-and-set means another one wrote."""
+        workers = self.workers()
+        now = self.clock()
+        for name, (pool, revision) in list(self._pools.items()):
+            if pool.expired(now):
+                continue
+            ids = tuple(w.worker_id for w in assign(pool.spec, workers))
+            if ids == pool.assigned_workers:
+                continue
+            updated = pool.model_copy(update={"assigned_workers": ids})
+            try:
+                new = await self.store.put(name, updated.model_dump_json().encode(), revision)
+            except PoolConflict:
+                continue  # changed meanwhile: the next refresh reads it
+            self._pools[name] = (updated, new)
+
+    def direct_worker(self, route: PoolRoute, profile: str, bundle: str, key: str) -> str | None:
+        """The worker a request of a capped pool goes to directly (architecture §8): the
+        rendezvous choice for ``key`` among the pool's assigned live workers of the
+        lane; None for other pools, or when none of them is live (then the request
+        goes to the lane's pool stream, where only assigned workers admit it)."""
+        pool = self._live(route.logical) if route.profiles else None
+        if pool is None or not capped(pool.spec, profile):
+            return None
+        ring = [
+            w.worker_id
+            for w in assign(pool.spec, self.workers())
+            if w.machine_profile.lower() == profile and w.bundle == bundle
+        ]
+        return hrw_pick(ring, key)
+
+    def live_pools(self) -> list[Pool]:
+        """The pools whose lease is live, by name."""
+        now = self.clock()
+        return [p for _, (p, _) in sorted(self._pools.items()) if not p.expired(now)]
 
     # -- the API ------------------------------------------------------------------------
 

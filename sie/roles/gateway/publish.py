@@ -40,7 +40,7 @@ class WorkPublisher:
         cancels the rest and is raised. With ``credits``, each item waits for one (a
         request's publishing window: ``sie.roles.gateway.collect.window_credits``)."""
         if len(work) == 1:
-            await self._publish(subject, lane, pool, *work[0], unsent)
+            await self.publish_one(subject, lane, pool, *work[0], unsent)
             return
         items = iter(work)
         failures: list[SieError] = []
@@ -52,7 +52,7 @@ class WorkPublisher:
                 if credits is not None:
                     await credits.acquire()
                 try:
-                    await self._publish(subject, lane, pool, work_item_id, data, unsent)
+                    await self.publish_one(subject, lane, pool, work_item_id, data, unsent)
                 except SieError as exc:
                     failures.append(exc)
                     tg.cancel_scope.cancel()
@@ -66,7 +66,7 @@ class WorkPublisher:
         if failures:
             raise failures[0]
 
-    async def _publish(
+    async def publish_one(
         self,
         subject: str,
         lane: Lane,

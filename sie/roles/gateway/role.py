@@ -39,6 +39,7 @@ from sie.core.subjects import (
 from sie.core.wire import Heartbeat, WorkItem
 from sie.roles.config_sync import run_config_sync
 from sie.roles.gateway.admission import AdmissionGate
+from sie.roles.gateway.capped import CappedDispatch
 from sie.roles.gateway.collect import Collected, Collector, raise_failures, window_credits
 from sie.roles.gateway.directory import WorkerDirectory
 from sie.roles.gateway.dlq import DeadLetters
@@ -47,6 +48,7 @@ from sie.roles.gateway.inbox import ResultInbox
 from sie.roles.gateway.lanes import Lane, LaneTelemetry
 from sie.roles.gateway.offload import Offloader, sweep_orphans
 from sie.roles.gateway.pending import StreamPending
+from sie.roles.gateway.pool_signals import PoolSignals
 from sie.roles.gateway.pools import PoolManager, PoolRoute
 from sie.roles.gateway.publish import WorkPublisher
 from sie.roles.gateway.rates import RateMeter
@@ -108,6 +110,10 @@ class GatewayRole:
         self.lanes = LaneTelemetry(metrics)
         self.pending = StreamPending(bus, streams)  # items per pool's work stream
         self.publisher = WorkPublisher(bus, self.pending, self.lanes)
+        # capped pools: worker-direct with pool fallback (architecture §8)
+        self.capped = CappedDispatch(
+            bus, self.publisher, directory, self.router_id, settings.direct_fallback_s
+        )
         self.directory = directory
         self.started_at = time.time()
         self.sync = sync
@@ -141,6 +147,7 @@ class GatewayRole:
                 tg.start_soon(self._read_health, health)
                 tg.start_soon(sweep_orphans, self.payloads, self.streams.stream_max_age_s)
                 await tg.start(self.pools.run)
+                await tg.start(PoolSignals(self.pools, self.metrics).run)
                 await tg.start(run_config_sync, self.bus, self.sync, config_subject("_all"))
                 await tg.start(self.dead_letters.run)
                 await tg.start(self.admission.run)
@@ -386,6 +393,7 @@ class GatewayRole:
         unsent = [n]  # this request's admitted items not yet published
         subject = work_subject(pool, profile, bundle, model_id)
         request_id = routing.request_id or uuid7()
+        direct = self.pools.direct_worker(route, profile, bundle, request_id)
         reply = inbox_subject(self.router_id, request_id)
         col = Collector(
             n, [None] * n, n, credits=window_credits(n, self.settings.request_window_items)
@@ -419,10 +427,17 @@ class GatewayRole:
             wait_s = routing.timeout_s or self.settings.request_timeout_s
             try:
                 with anyio.fail_after(wait_s):
-                    # a large request publishes a window ahead of its results
-                    await self.publisher.publish_all(subject, lane, pool, work, unsent, col.credits)
+                    if direct is not None:  # a capped pool's assigned worker (§8)
+                        publish_ms = (time.monotonic() - t0) * 1000.0
+                        await self.capped.run(
+                            direct, subject, lane, pool, work, unsent, col, request_id
+                        )
+                    else:  # a large request publishes a window ahead of its results
+                        await self.publisher.publish_all(
+                            subject, lane, pool, work, unsent, col.credits
+                        )
+                        publish_ms = (time.monotonic() - t0) * 1000.0
                     self.lanes.clear_demand(lane)  # the lane is being served (§8)
-                    publish_ms = (time.monotonic() - t0) * 1000.0
                     if not self._given_up:
                         await col.done.wait()
             except TimeoutError:

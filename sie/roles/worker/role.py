@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.abc
@@ -26,10 +26,9 @@ from sie.core.errors import ModelNotFound, SieError
 from sie.core.registry import ModelEntry, ModelRegistry
 from sie.core.subjects import (
     CANCEL_WILDCARD,
+    batch_cancel_wildcard,
     config_subject,
     health_subject,
-    lane_filter,
-    stream_name,
 )
 from sie.core.trust import ConfigTrust
 from sie.core.wire import (
@@ -42,22 +41,16 @@ from sie.core.wire import (
 )
 from sie.engines.runtime.cache import ModelCache
 from sie.roles.config_sync import run_config_sync
+from sie.roles.worker.admission import ADMISSION_RETRY_S, PoolAdmission
 from sie.roles.worker.cancels import Cancellations
 from sie.roles.worker.direct import run_direct
 from sie.roles.worker.generation import run_generation
 from sie.roles.worker.payloads import error_result, fetch_item, publish_result
+from sie.roles.worker.streams import attach_pool
 from sie.roles.worker.tasks import run_task
 from sie.settings_views import BusSettings, WorkerSettings
 from sie.telemetry import METRICS, Metrics, tracer
-from sie.transport.base import (
-    Bus,
-    BusError,
-    ConsumerConfig,
-    JsMsg,
-    PullConsumer,
-    Subscription,
-    work_stream_config,
-)
+from sie.transport.base import Bus, BusError, JsMsg, PullConsumer, Subscription
 from sie.transport.payloads import PayloadStore
 
 __all__ = ["WorkerRole"]
@@ -89,6 +82,7 @@ class WorkerRole:
         models: ModelCache,
         trust: ConfigTrust,
         payloads: PayloadStore,
+        pools: PoolAdmission,
     ) -> None:
         """Wire the role from its collaborators (``sie.container`` builds them); no I/O.
 
@@ -98,8 +92,10 @@ class WorkerRole:
         service URL is known, architecture §6, architecture §15); ``models``: the model cache
         (``sie.roles.worker.models.build_model_cache``); ``trust``: the policy each
         load is checked against; ``payloads``: where items sent by reference are
-        fetched from (docs/api.md §12).
+        fetched from (docs/api.md §12); ``pools``: which pools assign this worker
+        and what they pin (docs/pools.md).
         """
+        self.pools = pools
         self.bus = bus
         self.registry = registry
         self.trust = trust
@@ -119,6 +115,8 @@ class WorkerRole:
         self._last_resync = 0.0
         # request ids abandoned by their gateway, and the live work of each request
         self.cancels = Cancellations()
+        # requests whose direct items a gateway republished to the pool (§8)
+        self.direct_cancels = Cancellations()
         # messages this worker holds (pulled, not yet settled): kept alive with
         # in_progress so only a dead or hung worker's items are redelivered
         self._held: dict[int, JsMsg] = {}
@@ -146,18 +144,22 @@ class WorkerRole:
                 "--bundles-dir, or SIE_CONFIG_SERVICE_URL to load it from the config service)"
             )
         cancels = await self.bus.subscribe(CANCEL_WILDCARD)
+        batch_cancels = await self.bus.subscribe(batch_cancel_wildcard(self.worker_id))
         async with anyio.create_task_group() as tg:
             await tg.start(self.models.run)
-            tg.start_soon(self._read_cancels, cancels)
+            tg.start_soon(self._read_cancels, cancels, self.cancels)
+            tg.start_soon(self._read_cancels, batch_cancels, self.direct_cancels)
             await tg.start(run_config_sync, self.bus, self.sync, config_subject(s.bundle))
             task_status.started()
             await self._await_bundle()
             preload = [self.registry.resolve(m)[0] for m in s.preload]  # unknown id: fail
             tg.start_soon(self._heartbeats)
             tg.start_soon(self._keep_held_alive)
-            consumer = await self._attach()
-            # generations sent to this worker (architecture §8): durable, per worker
-            tg.start_soon(run_direct, self.bus, s, self.streams, self._start_generation(tg))
+            consumer = await attach_pool(self.bus, self.settings, self.streams)
+            # work sent to this worker alone (architecture §8): durable, per worker
+            start, take = self._start_generation(tg), self._take_direct(tg)
+            tg.start_soon(run_direct, self.bus, s, self.streams, start, take)
+            await tg.start(self.pools.run)  # pinned models load with the preloads
             for entry in preload:
                 try:
                     await self.models.get(entry)
@@ -188,41 +190,24 @@ class WorkerRole:
                 logged = True
             await anyio.sleep(0.1)
 
-    async def _attach(self) -> PullConsumer:
-        """Ensure the pool stream and this lane's durable consumer; retried with backoff
-        (0.5 s doubling to 5 s) while the bus is unreachable."""
-        s, st = self.settings, self.streams
-        delay = 0.5
-        while True:
-            try:
-                await self.bus.add_stream(
-                    work_stream_config(
-                        s.pool,
-                        max_msgs=st.stream_max_msgs,
-                        max_age_s=st.stream_max_age_s,
-                        storage=st.stream_storage,
-                        replicas=st.stream_replicas,
-                    )
-                )
-                return await self.bus.pull_consumer(
-                    stream_name(s.pool),
-                    ConsumerConfig(
-                        durable=f"{s.bundle}_{s.machine_profile}",
-                        filter_subject=lane_filter(s.pool, s.machine_profile, s.bundle),
-                        ack_wait_s=st.ack_wait_s,
-                        max_deliver=st.max_deliver,
-                        max_ack_pending=max(1000, s.max_inflight_items),
-                    ),
-                )
-            except BusError as exc:
-                log.warning("cannot attach to the work stream yet (%s); retrying", exc.message)
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-    async def _read_cancels(self, sub: Subscription) -> None:
-        """``work_cancel.{router_id}.{request_id}``: tombstone the request, stop its items."""
+    async def _read_cancels(self, sub: Subscription, into: Cancellations) -> None:
+        """``work_cancel.{router_id}.{request_id}`` (tombstone the request, stop its
+        items) or ``batch_cancel.{router_id}.{worker_id}.{request_id}`` (drop its
+        queued direct items, §8)."""
         async for msg in sub:
-            self.cancels.cancel(msg.subject.rsplit(".", 1)[-1])
+            into.cancel(msg.subject.rsplit(".", 1)[-1])
+
+    def _take_direct(self, tg: anyio.abc.TaskGroup) -> Callable[[JsMsg, WorkItem], Awaitable[None]]:
+        """Handle each encode/score/extract item sent to this worker alone in ``tg``."""
+
+        async def take(msg: JsMsg, item: WorkItem) -> None:
+            if item.request_id in self.direct_cancels:  # republished to the pool (§8)
+                await self._drop_cancelled(msg, item)
+                return
+            await self._inflight.acquire()
+            tg.start_soon(self._handle, msg, item, True)
+
+        return take
 
     def _start_generation(self, tg: anyio.abc.TaskGroup) -> Callable[[WorkItem], None]:
         """Run each generation handed over in its own task of ``tg``."""
@@ -291,7 +276,7 @@ class WorkerRole:
                     exc,
                 )
                 await anyio.sleep(0.5)
-                consumer = await self._attach()
+                consumer = await attach_pool(self.bus, self.settings, self.streams)
                 continue
             for msg in msgs:
                 try:
@@ -327,11 +312,12 @@ class WorkerRole:
                 except Exception as exc:  # settled meanwhile, or the bus is away
                     log.debug("in_progress on %s: %s", msg.subject, exc)
 
-    async def _handle(self, msg: JsMsg, item: WorkItem | None = None) -> None:
-        """Settle one message; nothing raised here may stop the worker."""
+    async def _handle(self, msg: JsMsg, item: WorkItem | None = None, direct: bool = False) -> None:
+        """Settle one message (``direct``: from the worker's direct stream); nothing
+        raised here may stop the worker."""
         self._held[id(msg)] = msg
         try:
-            await self._handle_one(msg, item)
+            await self._handle_one(msg, item, direct)
         except Exception:
             log.exception(
                 "unexpected failure handling a work item on %s; NAK for redelivery", msg.subject
@@ -345,7 +331,9 @@ class WorkerRole:
             self._held.pop(id(msg), None)
             self._inflight.release()
 
-    async def _handle_one(self, msg: JsMsg, decoded: WorkItem | None = None) -> None:
+    async def _handle_one(
+        self, msg: JsMsg, decoded: WorkItem | None = None, direct: bool = False
+    ) -> None:
         try:
             item = decoded if decoded is not None else WorkItem.from_bytes(msg.data)
         except SieError as exc:
@@ -361,6 +349,10 @@ class WorkerRole:
         if item.request_id in self.cancels:
             await msg.ack()  # abandoned by its gateway: drop before any work (§8)
             self.metrics.work_items.labels(item.model_id, "cancelled").inc()
+            return
+        if not direct and not await self.pools.admits(item.admission_pool):
+            await msg.nak(ADMISSION_RETRY_S)  # a pool that does not assign this worker
+            self.metrics.work_items.labels(item.model_id, "not_assigned").inc()
             return
         if not self._serves(item.model_id) and msg.num_delivered < CONFIG_LAG_DELIVERIES:
             # The gateway routed a model this worker has not heard of yet: most likely a
@@ -400,6 +392,7 @@ class WorkerRole:
             self.cancels.close(item.request_id, scope)
         result.processing_ms = (time.monotonic() - t0) * 1000.0
         result.payload_fetch_ms = fetch_ms
+        result.direct_origin = direct or None
         try:
             await publish_result(self.bus, item, result)
         except BusError as exc:
