@@ -22,6 +22,7 @@ from tests.conftest import MINILM, run_stack, wait_for
 pytestmark = pytest.mark.slow
 
 SPLADE = "rasyosef/splade-tiny"
+LLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def _metric(text: str, name: str, **labels: str) -> float | None:
@@ -49,7 +50,8 @@ def test_a_capped_pool_runs_on_its_assigned_worker_only(nats_server: Any) -> Non
     with (
         run_stack(roles=("gateway", "config"), wait_worker=False, **common) as gw_stack,
         run_stack(roles=("worker",), preload=(MINILM,), worker_id="cap-a", **common) as a,
-        run_stack(roles=("worker",), preload=(MINILM,), worker_id="cap-b", **common) as b,
+        # the other worker has the LLM loaded: left to itself, generation would go there
+        run_stack(roles=("worker",), preload=(MINILM, LLM), worker_id="cap-b", **common) as b,
         httpx.Client(base_url=gw_stack.base_url, timeout=30) as c,
     ):
         gw = gw_stack.running.gateway
@@ -77,6 +79,16 @@ def test_a_capped_pool_runs_on_its_assigned_worker_only(nats_server: Any) -> Non
         # ...sent to it directly: the other worker never saw (and NAKed) any of them
         not_assigned = {"model": MINILM, "outcome": "not_assigned"}
         assert b.metrics.registry.get_sample_value("sie_worker_items_total", not_assigned) is None
+        # generation too: offered only to the pool's worker
+        chat = {
+            "model": LLM,
+            "messages": [{"role": "user", "content": "Say hi."}],
+            "max_tokens": 4,
+        }
+        for _ in range(3):
+            r = c.post("/v1/chat/completions", json=chat, headers={"X-SIE-Pool": "capped"})
+            assert r.status_code == 200, r.text
+            assert r.headers["x-sie-worker"] == "cap-a"
         # uncapped default traffic still uses both workers
         seen = {
             c.post(f"/v1/encode/{MINILM}", json=body).headers["x-sie-worker"] for _ in range(30)

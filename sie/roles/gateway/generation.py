@@ -83,6 +83,7 @@ class GenerationDispatch:
         admission: AdmissionGate,
         router_id: str,
         lane_of: Callable[[ModelEntry, str, str | None, str | None], tuple[PoolRoute, str]],
+        capped_ring: Callable[[PoolRoute, str, str], list[str] | None] = lambda *_: None,
         offloader: Offloader,
     ) -> None:
         """``offloader``: sends a generation item over the bus's ``max_payload`` by
@@ -95,6 +96,7 @@ class GenerationDispatch:
         self.admission = admission
         self.router_id = router_id
         self.lane_of = lane_of  # the gateway's pool and profile resolution
+        self.capped_ring = capped_ring  # a capped pool's workers of a lane
         self._streams: dict[str, MemoryObjectSendStream[GenerationChunk]] = {}
         #: generations this gateway has open per worker: added to the worker's reported
         #: load, so requests between two heartbeats spread instead of piling onto one
@@ -158,9 +160,16 @@ class GenerationDispatch:
     # -- dispatch -----------------------------------------------------------------------
 
     def choose_worker(
-        self, model: str, pool: str, profile: str, bundle: str, exclude: set[str] | None = None
+        self,
+        model: str,
+        pool: str,
+        profile: str,
+        bundle: str,
+        exclude: set[str] | None = None,
+        only: list[str] | None = None,
     ) -> str:
-        """A live, ready worker of the lane (not in ``exclude``): one with ``model``
+        """A live, ready worker of the lane (not in ``exclude``; one of ``only`` when
+        given: a capped pool's assigned workers, docs/pools.md): one with ``model``
         loaded first, then the least loaded (its engine's running + waiting, plus what
         this gateway has sent it since).
 
@@ -169,7 +178,9 @@ class GenerationDispatch:
         """
         candidates: list[tuple[int, int, str]] = []
         for hb in self.directory.live():
-            if exclude and hb.worker_id in exclude:
+            if (exclude and hb.worker_id in exclude) or (
+                only is not None and hb.worker_id not in only
+            ):
                 continue
             if not hb.ready or (hb.pool.lower(), hb.machine_profile.lower(), hb.bundle) != (
                 pool,
@@ -266,8 +277,9 @@ class GenerationDispatch:
         pool_ = target.queue_pool
         lane = gw.lanes.lane(pool_, profile, bundle)
         worker_id: str | None = None
+        only = self.capped_ring(target, profile, bundle)
         try:
-            worker_id = self.choose_worker(entry.model_id, pool_, profile, bundle)
+            worker_id = self.choose_worker(entry.model_id, pool_, profile, bundle, only=only)
         except Provisioning:
             gw.lanes.record_demand(lane, "provisioning")
             raise
@@ -305,7 +317,7 @@ class GenerationDispatch:
                 if worker_id is None:
                     try:
                         worker_id = self.choose_worker(
-                            entry.model_id, pool_, profile, bundle, exclude=set(attempts)
+                            entry.model_id, pool_, profile, bundle, set(attempts), only
                         )
                     except Provisioning:
                         if failed is None:

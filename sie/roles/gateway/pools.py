@@ -148,20 +148,26 @@ class PoolManager:
                 continue  # changed meanwhile: the next refresh reads it
             self._pools[name] = (updated, new)
 
-    def direct_worker(self, route: PoolRoute, profile: str, bundle: str, key: str) -> str | None:
-        """The worker a request of a capped pool goes to directly (architecture §8): the
-        rendezvous choice for ``key`` among the pool's assigned live workers of the
-        lane; None for other pools, or when none of them is live (then the request
-        goes to the lane's pool stream, where only assigned workers admit it)."""
+    def capped_ring(self, route: PoolRoute, profile: str, bundle: str) -> list[str] | None:
+        """The worker ids a capped pool's request on the lane may run on: its assigned
+        live workers of the lane (possibly none); None for any other pool (then every
+        worker of the lane may)."""
         pool = self._live(route.logical) if route.profiles else None
         if pool is None or not capped(pool.spec, profile):
             return None
-        ring = [
+        return [
             w.worker_id
             for w in assign(pool.spec, self.workers())
             if w.machine_profile.lower() == profile and w.bundle == bundle
         ]
-        return hrw_pick(ring, key)
+
+    def direct_worker(self, route: PoolRoute, profile: str, bundle: str, key: str) -> str | None:
+        """The worker a request of a capped pool goes to directly (architecture §8): the
+        rendezvous choice for ``key`` among ``capped_ring``; None for other pools, or
+        when none of them is live (then the request goes to the lane's pool stream,
+        where only assigned workers admit it)."""
+        ring = self.capped_ring(route, profile, bundle)
+        return None if ring is None else hrw_pick(ring, key)
 
     def live_pools(self) -> list[Pool]:
         """The pools whose lease is live, by name."""

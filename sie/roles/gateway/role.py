@@ -129,6 +129,7 @@ class GatewayRole:
             admission=admission,
             router_id=self.router_id,
             lane_of=self.lane_of,
+            capped_ring=pools.capped_ring,
             offloader=self.offloader,
         )
         self.dead_letters = DeadLetters(
