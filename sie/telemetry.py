@@ -122,6 +122,32 @@ class Metrics:
             registry=self.registry,
         )
 
+        # the autoscaler's inputs per lane (docs/observability.md; architecture §15)
+        self.lane_queue_depth = Gauge(
+            "sie_gateway_lane_queue_depth",
+            "Work of the lane in the broker: its durable consumer's pending plus "
+            "unacknowledged messages, read every 5 s",
+            LANE_LABELS,
+            registry=self.registry,
+        )
+        self.lane_queue_snapshot_timestamp = Gauge(
+            "sie_gateway_lane_queue_snapshot_timestamp_seconds",
+            "When the lane's queue depth was last read successfully (epoch seconds)",
+            LANE_LABELS,
+            registry=self.registry,
+        )
+        self.pool_active_lease_gpus = Gauge(
+            "sie_gateway_pool_active_lease_gpus",
+            "Workers assigned to live pools, by the lane each serves",
+            LANE_LABELS,
+            registry=self.registry,
+        )
+        self.capacity_reconcile_timestamp = Gauge(
+            "sie_gateway_capacity_reconcile_timestamp_seconds",
+            "When the gateway last refreshed its autoscaling series (epoch seconds)",
+            registry=self.registry,
+        )
+
         # pools (docs/pools.md "Warm floors and pinned models"; architecture §16.3)
         self.pool_warm_floor = Gauge(
             "sie_gateway_pool_warm_floor",

@@ -77,6 +77,10 @@ class NoStreamError(BusError):
     """No stream captures the subject (NATS: no responders)."""
 
 
+class ConsumerNotFoundError(BusError):
+    """The stream has no durable consumer of that name."""
+
+
 class PayloadTooLargeError(BusError):
     """A message over the bus's ``max_payload`` (nothing was sent)."""
 
@@ -161,6 +165,7 @@ class ConsumerInfo:
     num_pending: int
     num_ack_pending: int
     num_redelivered: int = 0
+    filter_subject: str | None = None
 
 
 class Subscription(Protocol):
@@ -272,6 +277,22 @@ class Bus(Protocol):
     async def get_message(self, stream: str, seq: int) -> Msg:
         """The stored message ``seq`` of ``stream`` (e.g. the work a MAX_DELIVERIES
         advisory names). Raises ``NoStreamError``, or ``BusError`` if it is gone."""
+        ...
+
+    async def consumer_info(self, stream: str, durable: str) -> ConsumerInfo:
+        """A durable consumer's counts and filter, without binding it.
+
+        Raises:
+            NoStreamError, ConsumerNotFoundError, BusError (unreachable).
+        """
+        ...
+
+    async def subject_count(self, stream: str, filter_subject: str) -> int:
+        """Messages the stream holds on subjects matching ``filter_subject``.
+
+        Raises:
+            NoStreamError, BusError (unreachable).
+        """
         ...
 
     async def pull_consumer(self, stream: str, config: ConsumerConfig) -> PullConsumer:

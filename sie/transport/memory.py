@@ -24,6 +24,7 @@ from sie.transport.base import (
     BusError,
     ConsumerConfig,
     ConsumerInfo,
+    ConsumerNotFoundError,
     JsMsg,
     Msg,
     NoStreamError,
@@ -267,6 +268,7 @@ class _MemPullConsumer:
             num_pending=len(mine) - ack_pending,
             num_ack_pending=ack_pending,
             num_redelivered=consumer.redelivered,
+            filter_subject=f,
         )
 
 
@@ -414,6 +416,25 @@ class MemoryBus:
         if m is None:
             raise BusError(f"message {seq} of stream {stream!r} is gone")
         return Msg(m.subject, m.data, m.headers)
+
+    async def consumer_info(self, stream: str, durable: str) -> ConsumerInfo:
+        self._check()
+        s = self._streams.get(stream)
+        if s is None:
+            raise NoStreamError(f"stream {stream!r} not found")
+        if durable not in s.consumers:
+            raise ConsumerNotFoundError(f"consumer {durable!r} not found on {stream!r}")
+        return await _MemPullConsumer(self, stream, durable).info()
+
+    async def subject_count(self, stream: str, filter_subject: str) -> int:
+        self._check()
+        s = self._streams.get(stream)
+        if s is None:
+            raise NoStreamError(f"stream {stream!r} not found")
+        s.expire(time.monotonic())
+        return sum(
+            1 for m in s.msgs.values() if not m.dead and subject_matches(filter_subject, m.subject)
+        )
 
     async def pull_consumer(self, stream: str, config: ConsumerConfig) -> _MemPullConsumer:
         self._check()

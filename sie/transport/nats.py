@@ -30,6 +30,8 @@ from sie.transport.base import (
     DEFAULT_MAX_PAYLOAD,
     BusError,
     ConsumerConfig,
+    ConsumerInfo,
+    ConsumerNotFoundError,
     Msg,
     NoStreamError,
     PayloadTooLargeError,
@@ -388,6 +390,33 @@ class NatsBus:
         except (nats.errors.Error, TimeoutError) as exc:
             raise BusError(f"get_message {stream}/{seq} failed: {exc}") from exc
         return Msg(raw.subject or "", raw.data or b"", dict(raw.headers) if raw.headers else None)
+
+    async def consumer_info(self, stream: str, durable: str) -> ConsumerInfo:
+        try:
+            ci = await self._jsx().consumer_info(stream, durable)
+        except nats.js.errors.NotFoundError as exc:
+            if exc.err_code == ERR_STREAM_NOT_FOUND:
+                raise NoStreamError(f"stream {stream!r} does not exist") from exc
+            raise ConsumerNotFoundError(f"consumer {durable!r} not found on {stream!r}") from exc
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise BusError(f"consumer info {stream}/{durable} failed: {exc}") from exc
+        return ConsumerInfo(
+            stream=stream,
+            durable=durable,
+            num_pending=int(ci.num_pending or 0),
+            num_ack_pending=int(ci.num_ack_pending or 0),
+            num_redelivered=int(ci.num_redelivered or 0),
+            filter_subject=ci.config.filter_subject if ci.config else None,
+        )
+
+    async def subject_count(self, stream: str, filter_subject: str) -> int:
+        try:
+            info = await self._jsx().stream_info(stream, subjects_filter=filter_subject)
+        except nats.js.errors.NotFoundError as exc:
+            raise NoStreamError(f"stream {stream!r} does not exist") from exc
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise BusError(f"stream_info {stream} failed: {exc}") from exc
+        return sum(int(n) for n in (info.state.subjects or {}).values())
 
     async def pull_consumer(self, stream: str, config: ConsumerConfig) -> NatsPullConsumer:
         """Create or bind a durable pull consumer.

@@ -16,6 +16,7 @@ from sie.transport.base import (
     Bus,
     BusError,
     ConsumerConfig,
+    ConsumerNotFoundError,
     Msg,
     NoStreamError,
     PayloadTooLargeError,
@@ -149,6 +150,33 @@ async def test_filter_selects_lane(bus: Bus) -> None:
     msgs = await c.fetch(10, 0.2)
     assert [m.data for m in msgs] == [b"mine"]
     await msgs[0].ack()
+
+
+async def test_consumer_info_and_subject_count_without_binding(bus: Bus) -> None:
+    """What the gateway's lane queue-depth reader uses (docs/observability.md)."""
+    stream = "WORK_POOL_default"
+    with pytest.raises(NoStreamError):
+        await bus.consumer_info(stream, "c1")
+    with pytest.raises(NoStreamError):
+        await bus.subject_count(stream, "sie.work.default.l4.default.*")
+    await bus.add_stream(work_stream_config("default"))
+    for subject in ("sie.work.default.l4.default.m", "sie.work.default.l4.default.m"):
+        await bus.js_publish(subject, b"job")
+    await bus.js_publish("sie.work.default.a100.default.m", b"other lane")
+    with pytest.raises(ConsumerNotFoundError):
+        await bus.consumer_info(stream, "c1")
+    assert await bus.subject_count(stream, "sie.work.default.l4.default.*") == 2
+    assert await bus.subject_count(stream, "sie.work.default.*.*.*") == 3
+    assert await bus.subject_count(stream, "sie.work.default.h100.default.*") == 0
+    c = await bus.pull_consumer(stream, cfg())
+    info = await bus.consumer_info(stream, "c1")
+    assert (info.num_pending, info.num_ack_pending) == (2, 0)
+    assert info.filter_subject == "sie.work.default.l4.default.*"
+    msgs = await c.fetch(1, 1.0)
+    info = await bus.consumer_info(stream, "c1")
+    assert (info.num_pending, info.num_ack_pending) == (1, 1)
+    await msgs[0].ack()
+    assert await bus.subject_count(stream, "sie.work.default.l4.default.*") == 1
 
 
 async def test_fetch_waits_for_publish(bus: Bus) -> None:

@@ -79,6 +79,10 @@ class LaneTelemetry:
             self._overflow_logged = True
         return OVERFLOW_LANE
 
+    def known(self) -> set[Lane]:
+        """The lanes requests have resolved to (each through the lane catalog)."""
+        return set(self._lanes)
+
     # -- in flight and admission ----------------------------------------------------------
 
     def add_in_flight(self, lane: Lane, items: int) -> None:

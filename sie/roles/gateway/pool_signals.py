@@ -8,28 +8,18 @@
   to the pool reports the pinned model loaded, else 0; a pin or pool that went away is
   set to 0 once, then removed.
 
-Both are recomputed every ``SIGNALS_S`` by ``run``, independently of requests and
-scrapes. Lane labels come only from the lane catalog and live workers' lanes, never
+Both are recomputed with the other autoscaling series, every 5 s
+(``sie.roles.gateway.keda``), independently of requests and scrapes. Lane labels come only from the lane catalog and live workers' lanes, never
 from a request.
 """
 
 from __future__ import annotations
 
-import logging
-
-import anyio
-import anyio.abc
-
 from sie.core.pools import Pool, assign
 from sie.roles.gateway.pools import PoolManager
 from sie.telemetry import Metrics
 
-__all__ = ["SIGNALS_S", "PoolSignals"]
-
-log = logging.getLogger(__name__)
-
-#: Seconds between two recomputations.
-SIGNALS_S = 5.0
+__all__ = ["PoolSignals"]
 
 Lane = tuple[str, str, str]
 
@@ -107,15 +97,3 @@ class PoolSignals:
         for key, v in pins.items():
             gauge.labels(*key).set(v)
         self._pins = set(pins)
-
-    async def run(
-        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Update every ``SIGNALS_S`` until cancelled."""
-        task_status.started()
-        while True:
-            try:
-                self.update()
-            except Exception:  # telemetry must never stop the gateway
-                log.exception("pool signals")
-            await anyio.sleep(SIGNALS_S)

@@ -45,10 +45,10 @@ from sie.roles.gateway.directory import WorkerDirectory
 from sie.roles.gateway.dlq import DeadLetters
 from sie.roles.gateway.generation import GenerationDispatch
 from sie.roles.gateway.inbox import ResultInbox
+from sie.roles.gateway.keda import LaneSnapshot
 from sie.roles.gateway.lanes import Lane, LaneTelemetry
 from sie.roles.gateway.offload import Offloader, sweep_orphans
 from sie.roles.gateway.pending import StreamPending
-from sie.roles.gateway.pool_signals import PoolSignals
 from sie.roles.gateway.pools import PoolManager, PoolRoute
 from sie.roles.gateway.publish import WorkPublisher
 from sie.roles.gateway.rates import RateMeter
@@ -148,7 +148,10 @@ class GatewayRole:
                 tg.start_soon(self._read_health, health)
                 tg.start_soon(sweep_orphans, self.payloads, self.streams.stream_max_age_s)
                 await tg.start(self.pools.run)
-                await tg.start(PoolSignals(self.pools, self.metrics).run)
+                snapshot = LaneSnapshot(
+                    self.bus, self.pools, self.lanes, self.metrics, self.router_id
+                )
+                await tg.start(snapshot.run)  # the autoscaler's inputs (§15)
                 await tg.start(run_config_sync, self.bus, self.sync, config_subject("_all"))
                 await tg.start(self.dead_letters.run)
                 await tg.start(self.admission.run)
