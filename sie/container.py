@@ -33,6 +33,7 @@ from sie.http.config import build_config_app
 from sie.http.gateway import build_gateway_app
 from sie.http.limits import BodyBudget
 from sie.http.server import serve_app
+from sie.http.worker import build_worker_app
 from sie.roles.config import ConfigRole
 from sie.roles.config_sync import build_config_sync
 from sie.roles.gateway import GatewayRole
@@ -153,6 +154,7 @@ class Running:
     config: ConfigRole | None = None
     gateway_port: int | None = None
     config_port: int | None = None
+    metrics_port: int | None = None  # a worker without a gateway: /metrics and probes
     config_url: str | None = None
     apps: dict[str, Starlette] = field(default_factory=dict)
 
@@ -408,6 +410,20 @@ class Container:
                         s.drain_timeout_s,
                         s.http_header_timeout_s,
                         config_stop,
+                    )
+                elif running.worker is not None:  # its series need a port of their own
+                    worker = running.worker
+                    wapp = build_worker_app(self.metrics, lambda: worker.ready, policy)
+                    running.apps["worker"] = wapp
+                    running.metrics_port = await http.start(
+                        _serve,
+                        wapp,
+                        s.host,
+                        s.metrics_port,
+                        shutdown,
+                        "worker",
+                        s.drain_timeout_s,
+                        s.http_header_timeout_s,
                     )
                 running.registry = (
                     running.gateway.registry

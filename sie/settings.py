@@ -66,6 +66,8 @@ class ServeSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     config_port: int = Field(default=8081, ge=0, le=65535)
+    # /metrics, /healthz, /readyz of a process without a gateway (docs/observability.md)
+    metrics_port: int = Field(default=9090, ge=0, le=65535)
     models_dir: str | None = None
     bundles_dir: str | None = None
     preload: tuple[str, ...] = ()
@@ -354,6 +356,7 @@ ENV_VARS: dict[str, str] = {
     "SIE_HOST": "host",
     "SIE_PORT": "port",
     "SIE_CONFIG_PORT": "config_port",
+    "SIE_METRICS_PORT": "metrics_port",
     "SIE_MODELS_DIR": "models_dir",
     "SIE_BUNDLES_DIR": "bundles_dir",
     "SIE_PRELOAD_MODELS": "preload",

@@ -36,6 +36,9 @@ ENV_DOCS: dict[str, EnvDoc] = {
     "SIE_HOST": EnvDoc("listen address", flag="--host"),
     "SIE_PORT": EnvDoc("gateway port", flag="--port"),
     "SIE_CONFIG_PORT": EnvDoc("config role port", flag="--config-port"),
+    "SIE_METRICS_PORT": EnvDoc(
+        "port of `/metrics`, `/healthz` and `/readyz` in a process that runs a worker without a gateway (with a gateway they are on its port; [observability.md](observability.md))"
+    ),
     "SIE_MODELS_DIR": EnvDoc("model config YAMLs (path or fsspec URL)", flag="--models-dir"),
     "SIE_BUNDLES_DIR": EnvDoc("bundle YAMLs", flag="--bundles-dir"),
     "SIE_PRELOAD_MODELS": EnvDoc(

@@ -139,6 +139,7 @@ def run_stack(
         "bundles_dir": str(BUNDLES),
         "port": 0,
         "config_port": 0,
+        "metrics_port": 0,
         "drain_timeout_s": 5.0,
         "router_id": f"gw-test-{time.monotonic_ns()}",
         "worker_id": f"worker-test-{time.monotonic_ns()}",

@@ -14,6 +14,9 @@ Routes:
     GET  /health                   workers and their loaded models (JSON)
     GET  /metrics                  Prometheus text
     /v1/pools...                   the pool API (sie.http.pools)
+    GET  /                         the operator's status page (sie.http.status)
+    GET  /v1/cluster/status        workers, models, pools, lanes, capacity (JSON, docs/api.md §13)
+    WS   /ws/cluster-status        the same, pushed on connect and on every change
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from sie.http.limits import BodyBudget, RequestLimits
 from sie.http.negotiation import read_payload
 from sie.http.openai import embeddings
 from sie.http.pools import pool_routes
+from sie.http.status import BrowserAuth, StatusFeed, capacity, status_routes
 from sie.roles.gateway import GatewayRole
 from sie.telemetry import METRICS, Metrics
 
@@ -154,17 +158,7 @@ async def health(request: Request) -> Response:
             "version": __version__,
             "router_id": gateway.router_id,
             "uptime_s": round(now - gateway.started_at, 3),
-            # capacity, as the SDK's get_capacity reads it (one accelerator per worker)
-            "configured_gpu_types": sorted(gateway.pools.catalog.configured_gpus),
-            "live_gpu_types": sorted({w.machine_profile.lower() for w in workers if w.ready}),
-            "cluster": {
-                "worker_count": len(workers),
-                "gpu_count": sum(1 for w in workers if w.ready),
-                "total_qps": round(gateway.requests.rate(), 3),
-                "models_loaded": sum(
-                    1 for m in models.values() if "loaded" in m["states"].values()
-                ),
-            },
+            **capacity(gateway, workers),  # as the SDK's get_capacity reads it
             "workers": [
                 {
                     "worker_id": hb.worker_id,
@@ -253,6 +247,7 @@ def build_gateway_app(
     is 405; ``/v1/configs/export`` and ``/v1/configs/epoch`` are not served (404).
     """
     limits_budget = budget or BodyBudget(gateway.limits.max_inflight_body_bytes)
+    policy = policy or AuthPolicy()
     app = Starlette(
         routes=[
             Route("/v1/configs/models", config_models, methods=["GET"]),
@@ -274,6 +269,7 @@ def build_gateway_app(
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
             *pool_routes(),
+            *status_routes(),
         ],
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[
@@ -285,9 +281,11 @@ def build_gateway_app(
                 large_body_reads=gateway.limits.max_large_body_reads,
             ),
             Middleware(CatchAll),
+            # websocket scopes and ``?token=`` on the page (AuthMiddleware sees HTTP only)
+            Middleware(BrowserAuth, policy=policy, decide=gateway_decision, respond=_refuse),
             Middleware(
                 AuthMiddleware,
-                policy=policy or AuthPolicy(),
+                policy=policy,
                 decide=gateway_decision,
                 respond=_refuse,
             ),
@@ -297,5 +295,6 @@ def build_gateway_app(
     app.state.metrics = metrics
     app.state.body_budget = limits_budget
     app.state.draining = False
+    app.state.status_feed = StatusFeed(gateway)
     app.add_middleware(ResponseHeaders)
     return app

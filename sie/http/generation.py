@@ -32,6 +32,7 @@ from starlette.types import Receive, Scope, Send
 
 from sie.core.errors import GatewayTimeout, InvalidInput, SieError, UnsupportedMediaType
 from sie.core.nesting import DEFAULT_MAX_DEPTH, too_deep
+from sie.http.disconnect import CLIENT_CLOSED_REQUEST
 from sie.http.errors import openai_error
 from sie.http.negotiation import check_charset, decode_off_loop, is_msgpack, read_body
 from sie.roles.gateway import GatewayRole
@@ -194,10 +195,20 @@ class GenerationResponse:
         self.fmt = _Format(route, model, request_id)
         self.worker_id: str | None = None
         self.trace_headers: dict[str, str] = {}
+        self.t0 = time.monotonic()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        status = str(CLIENT_CLOSED_REQUEST)  # until something else is known
+        try:
+            status = await self._respond(scope, receive, send)
+        finally:
+            record_request(self.gateway, self.route, self.model, status, self.t0)
+
+    async def _respond(self, scope: Scope, receive: Receive, send: Send) -> str:
+        """Answer; returns the status for the request metrics."""
         started = False
         headers_sent = False
+        status = str(CLIENT_CLOSED_REQUEST)
 
         async def start(status: int, content_type: bytes, extra: list[Any] | None = None) -> None:
             nonlocal headers_sent
@@ -240,8 +251,10 @@ class GenerationResponse:
                     await start(200, b"application/json", [length, *self._worker_header()])
                     await send({"type": "http.response.body", "body": body, "more_body": False})
                     tg.cancel_scope.cancel()
-                    return
+                    return "200"
+                status = "200"
             except SieError as exc:
+                status = str(exc.status)
                 if headers_sent:  # a stream never just stops: an error event, then close
                     err = {"error": _openai_error_body(exc)}
                     await send(
@@ -255,10 +268,11 @@ class GenerationResponse:
                     resp = openai_error(exc)
                     await resp(scope, receive, send)
                     tg.cancel_scope.cancel()
-                    return
+                    return status
             if headers_sent:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             tg.cancel_scope.cancel()
+        return status
 
     def _worker_header(self) -> list[tuple[bytes, bytes]]:
         return [(b"x-sie-worker", self.worker_id.encode())] if self.worker_id else []
@@ -292,12 +306,21 @@ class GenerationResponse:
             prompt = completion = 0
             if self.stream:
                 await write(_sse(self.fmt.delta(None, None, first=True)))
+            entries = gw.registry.snapshot.entries
+            model = self.model if self.model in entries else "_unknown"  # bounded labels
+            last: float | None = None  # when the last text arrived
             try:
                 with anyio.fail_after(None if self.stream else gw.settings.request_timeout_s):
                     async for chunk in gen.chunks:
                         if chunk.error_code is not None:
                             raise chunk_error(chunk)
                         if chunk.text:
+                            now = time.monotonic()
+                            if last is None:
+                                gw.metrics.generation_ttft.labels(model).observe(now - self.t0)
+                            else:
+                                gw.metrics.generation_itl.labels(model).observe(now - last)
+                            last = now
                             if self.stream:
                                 await write(_sse(self.fmt.delta(chunk.text, None)))
                             else:
@@ -306,6 +329,8 @@ class GenerationResponse:
                             finish = chunk.finish_reason
                             prompt = chunk.prompt_tokens or 0
                             completion = chunk.completion_tokens or 0
+                            gw.metrics.generation_prompt_tokens.labels(model).inc(prompt)
+                            gw.metrics.generation_tokens.labels(model).inc(completion)
             except TimeoutError:
                 raise GatewayTimeout(
                     f"generation did not finish within {gw.settings.request_timeout_s:g}s; "
@@ -331,8 +356,22 @@ def _openai_error_body(exc: SieError) -> dict[str, Any]:
     }
 
 
+#: The ``endpoint`` label of each generation route in the request metrics.
+ENDPOINTS = {"chat": "chat_completions", "completions": "completions", "native": "generate"}
+
+
+def record_request(gateway: GatewayRole, route: str, model: str, status: str, t0: float) -> None:
+    """Count one generation request in ``sie_requests_total`` and
+    ``sie_request_duration_seconds`` (a model the registry does not know is ``_unknown``)."""
+    known = model if model in gateway.registry.snapshot.entries else "_unknown"
+    endpoint = ENDPOINTS[route]
+    gateway.metrics.requests.labels(endpoint, known, status).inc()
+    gateway.metrics.request_duration.labels(endpoint, known).observe(time.monotonic() - t0)
+
+
 async def _handle(request: Request, route: str, path_model: str | None = None) -> Any:
     gateway: GatewayRole = request.app.state.gateway
+    started = time.monotonic()
     try:
         content_type = request.headers.get("content-type")
         if is_msgpack(content_type):  # 415 before reading: these routes read JSON
@@ -348,6 +387,7 @@ async def _handle(request: Request, route: str, path_model: str | None = None) -
         if not model:
             raise InvalidInput("model: required", field="model")
     except SieError as exc:  # the OpenAI envelope on these routes (architecture §2)
+        record_request(gateway, route, "", str(exc.status), started)
         return openai_error(exc)
     response = GenerationResponse(
         gateway,

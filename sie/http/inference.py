@@ -116,7 +116,7 @@ async def _handle(
     finally:
         known = model if model in gateway.registry.snapshot.entries else "_unknown"
         metrics.requests.labels(endpoint, known, status).inc()
-        metrics.request_duration.labels(endpoint).observe(time.monotonic() - started)
+        metrics.request_duration.labels(endpoint, known).observe(time.monotonic() - started)
 
 
 def routing_of(request: Request) -> Routing:

@@ -101,7 +101,7 @@ async def embeddings(request: Request) -> Response:
             model if model in gateway.registry.snapshot.entries else "_unknown"
         )  # bounded labels
         metrics.requests.labels("embeddings", known, status).inc()
-        metrics.request_duration.labels("embeddings").observe(time.monotonic() - started)
+        metrics.request_duration.labels("embeddings", known).observe(time.monotonic() - started)
 
 
 #: Bytes of encode results ``/v1/embeddings`` buffers before reshaping them (docs/api.md

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import time
@@ -51,6 +52,7 @@ class Topology:
         self.env = env or {}
         self.preload = preload
         self._spawned: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
+        self.metrics_ports: dict[str, int] = {}
 
     def respawn(self, name: str) -> None:
         """Start ``name`` again as it was first started (after a kill)."""
@@ -106,6 +108,7 @@ class Topology:
                 SIE_CONFIG_SERVICE_URL=config_url,
             )
         for w in ("w1", "w2"):
+            self.metrics_ports[w] = free_port()  # a worker's own /metrics and probes
             self.spawn(
                 w,
                 "--roles=worker",
@@ -113,6 +116,7 @@ class Topology:
                 *self.preload,
                 SIE_CONFIG_SERVICE_URL=config_url,
                 SIE_WORKER_ID=w,
+                SIE_METRICS_PORT=str(self.metrics_ports[w]),
             )
         self.wait_ready()
 
@@ -204,6 +208,16 @@ def test_two_workers_share_a_lane_and_survive_a_kill(topology: Topology, st_mode
     assert {w for _, w in served_by} == {"w1", "w2"}
     got = np.array([r.json()["items"][0]["dense"]["values"] for r in replies], dtype=np.float32)  # type: ignore[union-attr]
     np.testing.assert_allclose(got, st_model.encode(texts), atol=1e-5)
+    # a worker-only process serves its own /metrics: its batches and items are visible
+    for w in ("w1", "w2"):
+        base = f"http://127.0.0.1:{topology.metrics_ports[w]}"
+        assert httpx.get(f"{base}/readyz").text == "ok"
+        text = httpx.get(f"{base}/metrics").text
+        assert f'sie_batch_size_count{{model="{MINILM}"}}' in text, text[:2000]
+        items = re.search(
+            rf'sie_worker_items_total{{model="{re.escape(MINILM)}",outcome="success"}} (\S+)', text
+        )
+        assert items is not None and float(items.group(1)) >= 1
 
     killed = topology.procs["w1"]
     t0 = time.monotonic()

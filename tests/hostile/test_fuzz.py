@@ -9,7 +9,8 @@ nesting up to 200 levels, unicode edge cases, nulls, empty and extra keys), raw 
 bytes, and hostile headers (``Content-Type`` charsets and parameters, ``Accept``
 weights, ``X-SIE-Pool`` / ``X-SIE-Machine-Profile``, ``Idempotency-Key``,
 ``Authorization``, ``traceparent``). A second stack with ``SIE_AUTH_MODE=token``
-covers the auth paths.
+covers the auth paths. The status stream (``/ws/cluster-status``) gets raw websocket
+handshakes, hostile ones included, and hostile frames once open.
 
 Generation is served by ``sie.engines.generators.openai_upstream`` over the fake vLLM server
 (``tests/fakes/fake_vllm.py``), so valid chat / completion / generate requests run end
@@ -42,13 +43,14 @@ import json
 import math
 import os
 import re
+import socket
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote, urlsplit
 
 import httpx
 import msgpack
@@ -57,7 +59,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from sie.core import errors as sie_errors
 from sie.core.config import dump_yaml
@@ -1091,6 +1093,10 @@ GATEWAY_READS = [
     ("GET", "/v1/pools"),
     ("POST", "/v1/pools"),
     ("DELETE", "/v1/admin/anything"),
+    ("GET", "/v1/cluster/status"),
+    ("POST", "/v1/cluster/status"),
+    ("GET", "/ws/cluster-status"),  # no websocket upgrade: 404
+    ("GET", "/?token=x"),
 ]
 CONFIG_READS = [
     ("GET", "/v1/configs/models"),
@@ -1199,6 +1205,161 @@ def test_fuzz_pools(open_stack: Stack, client: httpx.Client, data: st.DataObject
         )
     )
     fire(client, t.gateway, "gateway", method, path, headers, None)
+
+
+# ---------------------------------------------------------------- the status stream
+
+WS_KEY = b"dGhlIHNhbXBsZSBub25jZQ=="
+WS_HANDSHAKE = {
+    "Upgrade": b"websocket",
+    "Connection": b"Upgrade",
+    "Sec-WebSocket-Key": WS_KEY,
+    "Sec-WebSocket-Version": b"13",
+}
+WS_QUERIES = st.one_of(
+    st.sampled_from(
+        [
+            "",
+            f"?token={USER}",
+            f"?token={ADMIN}",
+            "?token=wrong",
+            "?token=",
+            f"?token=x&token={USER}",
+            f"?token=%20{USER}%20",
+            "?token=%ff%00",
+            "?" + "a=b&" * 100 + f"token={USER}",
+        ]
+    ),
+    QUERY,
+)
+
+
+def _masked(opcode: int, payload: bytes) -> bytes:
+    """A client frame (masked with a zero key: the bytes as they are)."""
+    n = len(payload)
+    length = bytes([0x80 | n]) if n < 126 else b"\xfe" + n.to_bytes(2, "big")
+    return bytes([0x80 | opcode]) + length + b"\x00" * 4 + payload
+
+
+WS_FRAMES = st.one_of(
+    st.sampled_from(
+        [
+            b"",
+            _masked(0x1, b"hello"),
+            _masked(0x2, b"\x00" * 300),
+            _masked(0x9, b"ping"),
+            _masked(0x8, b"\x03\xe8bye"),
+            _masked(0x1, b"\xff\xfe"),  # text that is not UTF-8
+            b"\x81\x05hello",  # not masked
+            b"\x81\xff" + b"\x7f" * 8,  # claims 2**63 bytes
+            b"\x0f\x80\x00\x00\x00\x00",  # reserved opcode
+        ]
+    ),
+    st.binary(min_size=1, max_size=64),
+)
+
+
+def _read_frame(sock: socket.socket, buf: bytes) -> tuple[int, bytes]:
+    """The first server frame (unmasked) at ``buf`` + what the socket sends."""
+    while len(buf) < 2 or len(buf) < _frame_end(buf):
+        chunk = sock.recv(65536)
+        assert chunk, f"closed mid-frame after {buf[:40]!r}"
+        buf += chunk
+    return buf[0] & 0x0F, buf[_frame_end(buf) - _frame_len(buf) : _frame_end(buf)]
+
+
+def _frame_len(buf: bytes) -> int:
+    n = buf[1] & 0x7F
+    if n == 126:
+        return int.from_bytes(buf[2:4], "big") if len(buf) >= 4 else 1 << 30
+    if n == 127:
+        return int.from_bytes(buf[2:10], "big") if len(buf) >= 10 else 1 << 30
+    return n
+
+
+def _frame_end(buf: bytes) -> int:
+    n = buf[1] & 0x7F
+    return 2 + (2 if n == 126 else 8 if n == 127 else 0) + _frame_len(buf)
+
+
+def _ws_token(headers: dict[str, bytes], query: str) -> str | None:
+    """The token the gateway reads: ``Authorization: Bearer``, else ``?token=``."""
+    token = _bearer(headers.get("Authorization"))
+    if token is None:
+        try:
+            got = parse_qs(query.removeprefix("?"), max_num_fields=64).get("token")
+        except ValueError:
+            got = None
+        token = got[0].strip() or None if got else None
+    return token
+
+
+@given(data=st.data())
+@fuzz_settings(120)
+def test_fuzz_status_stream(open_stack: Stack, secured_stack: Stack, data: st.DataObject) -> None:
+    """``/ws/cluster-status``: handshakes with a header missing or odd, tokens in the
+    header or the query, then hostile frames. Every handshake is answered below 500;
+    an open stream starts with the state document; with auth on, a stream opens with a
+    valid token only, and a refusal is the 401 envelope."""
+    secured = data.draw(st.booleans())
+    base = target(secured_stack if secured else open_stack).gateway
+    query = data.draw(WS_QUERIES)
+    headers = {**WS_HANDSHAKE, **data.draw(hostile_headers(auth=secured))}
+    valid = True
+    if data.draw(st.floats(0, 1)) < 0.3:
+        valid = False
+        name = data.draw(st.sampled_from(list(WS_HANDSHAKE)))
+        if data.draw(st.booleans()):
+            del headers[name]
+        else:
+            headers[name] = data.draw(_hv(["", "13, 8", "99", "websocket2", "close", "x" * 300]))
+    token = _ws_token(headers, query)
+    allowed = not secured or token in (USER, ADMIN)
+    url = urlsplit(base)
+    head = f"GET /ws/cluster-status{query} HTTP/1.1\r\nHost: {url.netloc}\r\n".encode()
+    head += b"".join(k.encode() + b": " + v.strip(b" \t") + b"\r\n" for k, v in headers.items())
+    where = f"{'secured' if secured else 'open'} {head[:600]!r}"
+    HIT.add(("gateway", "WS", "/ws/cluster-status"))
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+        sock.sendall(head + b"\r\n")
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = sock.recv(65536)
+            assert chunk, f"no answer to the handshake: {where}"
+            buf += chunk
+        status_line, _, rest = buf.partition(b"\r\n")
+        status = int(status_line.split()[1])
+        raw_headers, _, body = rest.partition(b"\r\n\r\n")
+        code = re.search(rb"(?im)^x-sie-error-code: *(\S+)", raw_headers)
+        length = re.search(rb"(?im)^content-length: *(\d+)", raw_headers)
+        while status != 101 and length is not None and len(body) < int(length.group(1)):
+            chunk = sock.recv(65536)
+            assert chunk, f"the answer stopped short: {where} -> {buf[:300]!r}"
+            body += chunk
+        STATS[(_caller(), status)] = STATS.get((_caller(), status), 0) + 1
+        assert status < 500, f"{status}: {where} -> {buf[:300]!r}"
+        if status == 101:
+            assert allowed, f"a stream opened without a valid token: {where}"
+            opcode, payload = _read_frame(sock, body)
+            assert opcode == 0x1, f"first frame {opcode}: {where}"
+            assert {"workers", "pools", "lanes"} <= set(json.loads(payload)), where
+            frame = data.draw(WS_FRAMES)
+            if frame:
+                sock.sendall(frame)
+                sock.settimeout(0.5)
+                try:
+                    sock.recv(65536)
+                except TimeoutError:
+                    pass
+            return
+        if code is not None:  # the app answered, with its envelope
+            assert code.group(1) in body, where
+            if code.group(1) == b"UNAUTHORIZED":
+                assert status == 401 and not allowed, f"{status}: {where}"
+            else:  # not an upgrade after all: a plain GET of a websocket route
+                assert code.group(1) == b"NOT_FOUND" and not valid, f"{status}: {where}"
+        else:  # the HTTP server refused a malformed handshake (a bare 4xx)
+            assert not valid or status == 400, f"{status}: {where} -> {buf[:300]!r}"
 
 
 ADAPTERS = [
@@ -1574,10 +1735,9 @@ def test_every_route_was_fuzzed(open_stack: Stack) -> None:
         pytest.skip("only a subset of the fuzz tests ran")
     for app_name, app in open_stack.running.apps.items():
         for route in app.routes:
-            assert isinstance(route, Route)
+            assert isinstance(route, Route | WebSocketRoute)
+            methods = route.methods or () if isinstance(route, Route) else ("WS",)
             hits = [
-                p
-                for a, m, p in HIT
-                if a == app_name and m in (route.methods or ()) and route.path_regex.match(p)
+                p for a, m, p in HIT if a == app_name and m in methods and route.path_regex.match(p)
             ]
-            assert hits, f"{app_name} route {sorted(route.methods or ())} {route.path} never fuzzed"
+            assert hits, f"{app_name} route {sorted(methods)} {route.path} never fuzzed"

@@ -187,7 +187,7 @@ async def test_admit_when_the_engine_has_room() -> None:
             assert d.admit and d.reason == REASON_HEADROOM and d.max_inflight == 4
             # the gate's own reading is exported
             assert sample(metrics, "sie_vllm_requests_running", model=MODEL) == 1
-            assert sample(metrics, "sie_vllm_kv_usage_perc", model=MODEL) == 0.25
+            assert sample(metrics, "sie_vllm_kv_cache_usage_ratio", model=MODEL) == 0.25
             assert sample(metrics, "sie_observer_degraded", model=MODEL) == 0
             assert obs.current().state.kv_capacity_tokens == 9527 * 16  # type: ignore[union-attr]
             assert gate.parked(MODEL) == 0

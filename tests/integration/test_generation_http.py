@@ -277,3 +277,40 @@ def test_openai_limits_on_temperature_and_stop(c: httpx.Client) -> None:
     r = chat(c, stop=["a", "b", "c", "d", "e"])
     assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
     assert chat(c, temperature=2.0, max_tokens=2, stop=["a", "b", "c", "d"]).status_code == 200
+
+
+def test_generation_is_counted_in_the_metrics(c: httpx.Client, gstack: Stack) -> None:
+    """docs/observability.md "Generation": requests, duration, time to first token,
+    inter-token latency, prompt and generated tokens."""
+    reg = gstack.metrics.registry
+
+    def value(name: str, **labels: str) -> float:
+        return reg.get_sample_value(name, labels) or 0.0
+
+    ok = {"endpoint": "chat_completions", "model": LLM, "status": "200"}
+    before = value("sie_requests_total", **ok)
+    ttft = value("sie_generation_time_to_first_token_seconds_count", model=LLM)
+    itl = value("sie_generation_inter_token_latency_seconds_count", model=LLM)
+    made = value("sie_generation_generated_tokens_total", model=LLM)
+    prompt = value("sie_generation_prompt_tokens_total", model=LLM)
+    r = chat(c, max_tokens=8)
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    body = {"model": LLM, "messages": ASK, "max_tokens": 8, "stream": True}
+    events(c, "/v1/chat/completions", body)
+    # counted when the response ends, which the client may see first
+    wait_for(lambda: value("sie_requests_total", **ok) == before + 2, 5)
+    assert value("sie_request_duration_seconds_count", endpoint="chat_completions", model=LLM) >= 2
+    assert value("sie_generation_time_to_first_token_seconds_count", model=LLM) == ttft + 2
+    assert value("sie_generation_inter_token_latency_seconds_count", model=LLM) > itl
+    assert (
+        value("sie_generation_generated_tokens_total", model=LLM)
+        >= made + usage["completion_tokens"]
+    )
+    assert value("sie_generation_prompt_tokens_total", model=LLM) >= prompt + usage["prompt_tokens"]
+    bad = c.post("/v1/chat/completions", json={**body, "model": "no/such-model"})
+    assert bad.status_code == 404
+    assert (
+        value("sie_requests_total", endpoint="chat_completions", model="_unknown", status="404")
+        >= 1
+    )

@@ -21,6 +21,7 @@ EDGE_ONLY = {
     "host",
     "port",
     "config_port",
+    "metrics_port",
     "drain_timeout_s",
     "gil_switch_interval_ms",
     "log_level",

@@ -284,7 +284,7 @@ class EngineObserver:
             self.metrics.observer_degraded.labels(self.model).set(0)
             self.metrics.vllm_requests_running.labels(self.model).set(state.running)
             if state.kv_usage is not None:
-                self.metrics.vllm_kv_usage_perc.labels(self.model).set(state.kv_usage)
+                self.metrics.vllm_kv_cache_usage.labels(self.model).set(state.kv_usage)
         self._log_cap(state)
         self._changed()
 
