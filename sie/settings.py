@@ -142,6 +142,11 @@ class ServeSettings(BaseModel):
     # default 5 ms switch interval stalls each such hand-over behind the event loop.
     gil_switch_interval_ms: float = Field(default=0.5, gt=0, le=100)
     log_level: str = "INFO"
+    # observability (docs/observability.md): JSON log lines, the share of successful
+    # requests with an access line, span export (with an OTLP endpoint, OTEL_* vars)
+    log_json: bool = False
+    access_log_sample: float = Field(default=1.0, ge=0.0, le=1.0)
+    tracing_enabled: bool = False
     # config authority (architecture §3, §9, §13 "Config service")
     config_store_dir: str | None = None
     config_restore: bool = False
@@ -408,6 +413,9 @@ ENV_VARS: dict[str, str] = {
     "SIE_HEARTBEAT_INTERVAL_S": "heartbeat_interval_s",
     "SIE_GIL_SWITCH_INTERVAL_MS": "gil_switch_interval_ms",
     "SIE_LOG_LEVEL": "log_level",
+    "SIE_LOG_JSON": "log_json",
+    "SIE_ACCESS_LOG_SAMPLE": "access_log_sample",
+    "SIE_TRACING_ENABLED": "tracing_enabled",
     "SIE_CONFIG_STORE_DIR": "config_store_dir",
     "SIE_CONFIG_RESTORE": "config_restore",
     "SIE_CONFIG_PRODUCER_ID": "config_producer_id",
@@ -441,7 +449,16 @@ LIBRARY_ENV_DEFAULTS: dict[str, str] = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    # no progress bars in server logs (model loads would draw them)
+    "TQDM_DISABLE": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
 }
+
+
+def otel_env() -> dict[str, str]:
+    """The ``OTEL_*`` variables of the process environment (OpenTelemetry's own
+    settings, read by ``sie.tracing``; docs/observability.md "Traces")."""
+    return {k: v for k, v in os.environ.items() if k.startswith("OTEL_")}
 
 
 def apply_library_env_defaults() -> None:

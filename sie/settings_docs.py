@@ -116,6 +116,16 @@ ENV_DOCS: dict[str, EnvDoc] = {
         "processes with the worker role: Python's GIL switch interval, milliseconds (Python's default is 5; engine threads wait less for the GIL while HTTP is busy)"
     ),
     "SIE_LOG_LEVEL": EnvDoc("log level", flag="--log-level"),
+    "SIE_LOG_JSON": EnvDoc(
+        '`true`: one JSON object per log line (`timestamp`, `level`, `logger`, `message`, and the access line\'s fields); else text ([observability.md](observability.md) "Logs")',
+        flag="--log-json",
+    ),
+    "SIE_ACCESS_LOG_SAMPLE": EnvDoc(
+        "share (0..1) of successful requests that get an access line on `sie.access`; failed ones always do"
+    ),
+    "SIE_TRACING_ENABLED": EnvDoc(
+        '`true`: export spans over OTLP/HTTP to `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (else `OTEL_EXPORTER_OTLP_ENDPOINT` + `/v1/traces`), as `OTEL_SERVICE_NAME`, sampled by `OTEL_TRACES_SAMPLER(_ARG)` (default parent-based ratio 1.0); needs the `tracing` extra ([observability.md](observability.md) "Traces")'
+    ),
     "SIE_GATEWAY_MAX_STREAM_PENDING": EnvDoc(
         "gateway: 503 `QUEUE_FULL` (Retry-After 5) when the pool's work stream holds this many items"
     ),

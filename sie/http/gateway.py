@@ -37,6 +37,7 @@ from sie.control import catalog
 from sie.core.errors import SieError
 from sie.core.ids import uuid7
 from sie.core.registry import ModelEntry
+from sie.http.access import AccessLog
 from sie.http.auth import AuthMiddleware, AuthPolicy, gateway_decision
 from sie.http.errors import (
     EXCEPTION_HANDLERS,
@@ -297,4 +298,7 @@ def build_gateway_app(
     app.state.draining = False
     app.state.status_feed = StatusFeed(gateway)
     app.add_middleware(ResponseHeaders)
+    # outermost: the request's span is current for everything inside, and the access
+    # line sees every answer, refusals included (docs/observability.md)
+    app.add_middleware(AccessLog, sample=gateway.settings.access_log_sample)
     return app

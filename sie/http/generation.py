@@ -384,6 +384,7 @@ async def _handle(request: Request, route: str, path_model: str | None = None) -
         model, stream, include_usage = await decode_off_loop(scan_routing_fields, body)
         if path_model is not None:
             model = path_model
+        request.state.model, request.state.items = model, 1  # the access line
         if not model:
             raise InvalidInput("model: required", field="model")
     except SieError as exc:  # the OpenAI envelope on these routes (architecture §2)

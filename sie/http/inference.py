@@ -93,6 +93,7 @@ async def _handle(
     gateway: GatewayRole = request.app.state.gateway
     metrics: Metrics = request.app.state.metrics
     model = request.path_params["model"]
+    request.state.model = model  # for the access line (sie.http.access)
     started = time.monotonic()
     status = "error"
     try:
@@ -101,6 +102,7 @@ async def _handle(
         req = await read_payload(
             request, gateway.limits.max_body_bytes, lambda p: validate(schema, p)
         )
+        request.state.items = len(getattr(req, "items", None) or ())
         # a client that leaves while the workers compute abandons its request (work_cancel)
         response = await until_disconnect(request, lambda: run(gateway, model, req))
         if response is None:
@@ -126,7 +128,7 @@ def routing_of(request: Request) -> Routing:
         pool=request.headers.get("x-sie-pool"),
         machine_profile=request.headers.get("x-sie-machine-profile"),
         request_id=request.state.request_id,
-    )
+    )  # the caller's trace context is current (sie.http.access)
 
 
 async def encode(request: Request) -> Response:

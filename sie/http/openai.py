@@ -118,6 +118,7 @@ async def _embeddings(request: Request, gateway: GatewayRole) -> Response:
     req = await read_payload(request, gateway.limits.max_body_bytes, check)
     request.state.model = req.model
     texts = [req.input] if isinstance(req.input, str) else list(req.input)
+    request.state.items = len(texts)
     for i, t in enumerate(texts):
         if not t:
             raise InvalidInput(f"input[{i}]: must not be an empty string", field="input")

@@ -25,6 +25,8 @@ EDGE_ONLY = {
     "drain_timeout_s",
     "gil_switch_interval_ms",
     "log_level",
+    "log_json",
+    "tracing_enabled",
     "weights_roots",
     "allow_trust_remote_code",
     "upstream_base_urls",

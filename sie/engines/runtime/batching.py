@@ -16,6 +16,11 @@ slot is free, so while every slot is busy new items accumulate and leave togethe
 as soon as one ends (continuous batching). Cancelled submitters' items are dropped
 before they reach the engine. Cancelling ``run`` waits for the engine calls in
 flight (a thread cannot be interrupted), so the model may be unloaded after it.
+
+Each engine call runs in a ``worker.run_batch`` span (architecture §15.1; attributes
+``sie.model``, ``sie.adapter``, ``sie.op``, ``sie.batch_id``, ``sie.batch_size``):
+batch fan-in parents it on the first submitter's trace context and links the other
+distinct ones (docs/observability.md "Traces").
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import anyio
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from sie.telemetry import tracer
 
 __all__ = ["BatchStats", "TokenBudgetBatcher", "plan_padding_chunks"]
 
@@ -47,6 +56,8 @@ class _Pending(Generic[P, R]):
     started_at: float = 0.0
     inference_s: float = 0.0
     batch_size: int = 0
+    #: the submitter's trace context (the parent or a link of its batch's span)
+    context: otel_context.Context | None = None
 
 
 @dataclass(slots=True)
@@ -83,8 +94,12 @@ class TokenBudgetBatcher(Generic[P, R]):
         coalesce_s: float = 0.002,
         limiter: anyio.CapacityLimiter | None = None,
         on_batch: Callable[[int, int, float], Any] | None = None,
+        span_attributes: dict[str, str] | None = None,
     ) -> None:
+        """``span_attributes``: on every ``worker.run_batch`` span (``sie.model``, ...)."""
         self._run_batch = run_batch
+        self._span_attributes = span_attributes or {}
+        self._batches = 0
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_requests = max_batch_requests
         self.max_wait_s = max_wait_s
@@ -116,6 +131,7 @@ class TokenBudgetBatcher(Generic[P, R]):
         """
         hash(key)  # an unhashable key fails here, for this caller only (TypeError)
         item: _Pending[P, R] = _Pending(payload, max(1, cost), key, time.monotonic())
+        item.context = otel_context.get_current()
         who: Hashable = object() if owner is None else owner  # None: an owner of its own
         hash(who)
         queue = self._owners.get(who)
@@ -243,10 +259,22 @@ class TokenBudgetBatcher(Generic[P, R]):
             start = time.monotonic()
             for p in items:
                 p.started_at = start
+            self._batches += 1
+            parent, links = fan_in([p.context for p in items])
+            op = key[0] if isinstance(key, tuple) and key else key
+            attributes: dict[str, str | int] = {
+                **self._span_attributes,
+                "sie.op": str(op),
+                "sie.batch_id": self._batches,
+                "sie.batch_size": len(items),
+            }
             try:
-                results = await anyio.to_thread.run_sync(
-                    self._run_batch, key, [p.payload for p in items], limiter=self._limiter
-                )
+                with tracer.start_as_current_span(
+                    "worker.run_batch", context=parent, links=links, attributes=attributes
+                ):
+                    results = await anyio.to_thread.run_sync(
+                        self._run_batch, key, [p.payload for p in items], limiter=self._limiter
+                    )
                 if len(results) != len(items):
                     raise RuntimeError(
                         f"engine returned {len(results)} results for {len(items)} items"
@@ -264,6 +292,28 @@ class TokenBudgetBatcher(Generic[P, R]):
                 p.inference_s = elapsed
                 p.batch_size = len(items)
                 p.done.set()
+
+
+def fan_in(
+    contexts: Sequence[otel_context.Context | None],
+) -> tuple[otel_context.Context, list[trace.Link]]:
+    """A batch span's parent (the first context holding a valid span; else a new root)
+    and links to the other distinct valid span contexts, in order."""
+    parent: otel_context.Context | None = None
+    seen: set[tuple[int, int]] = set()
+    links: list[trace.Link] = []
+    for ctx in contexts:
+        if ctx is None:
+            continue
+        sc = trace.get_current_span(ctx).get_span_context()
+        if not sc.is_valid or (sc.trace_id, sc.span_id) in seen:
+            continue
+        seen.add((sc.trace_id, sc.span_id))
+        if parent is None:
+            parent = ctx
+        else:
+            links.append(trace.Link(sc))
+    return (parent if parent is not None else otel_context.Context()), links
 
 
 def plan_padding_chunks(

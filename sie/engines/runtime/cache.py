@@ -354,6 +354,10 @@ class ModelCache:
                 max_wait_s=self._max_batch_wait_s,
                 limiter=limiter,
                 on_batch=(lambda n, c, s: on_batch(entry.model_id, n, c, s)) if on_batch else None,
+                span_attributes={
+                    "sie.model": entry.model_id,
+                    "sie.adapter": entry.profile.adapter_path or "",
+                },
             )
             stopped = anyio.Event()
             scope = await self._tg.start(self._run_batcher, batcher, stopped)

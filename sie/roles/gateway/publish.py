@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import anyio
 import anyio.lowlevel
+from opentelemetry import propagate, trace
 
 from sie.core.errors import Backpressure, SieError
 from sie.roles.gateway.lanes import Lane, LaneTelemetry
 from sie.roles.gateway.pending import StreamPending
 from sie.roles.gateway.work import YIELD_EVERY
+from sie.telemetry import tracer
 from sie.transport.base import Bus, NoStreamError, StreamFullError
 
-__all__ = ["PUBLISH_CONCURRENCY", "WorkPublisher"]
+__all__ = ["PUBLISH_CONCURRENCY", "PublishSpan", "WorkPublisher"]
 
 #: Most JetStream publishes of one request awaiting their acks at once (§8.2).
 PUBLISH_CONCURRENCY = 64
@@ -88,3 +90,28 @@ class WorkPublisher:
             await self.bus.js_publish(subject, data, msg_id=work_item_id)
         unsent[0] -= 1
         self.pending.published(pool)
+
+
+class PublishSpan:
+    """The ``gateway.publish`` span of one request (architecture §15.1; attributes
+    ``sie.endpoint``, ``sie.model``, ``sie.pool``, ``sie.publish_ms``), a child of the
+    request's current context; ``traceparent`` / ``tracestate`` are its W3C context for the work items, so
+    ``worker.run_batch`` joins the trace. Without trace export it carries the caller's
+    context through unchanged."""
+
+    def __init__(self, endpoint: str, model: str, pool: str) -> None:
+        attributes = {"sie.endpoint": endpoint, "sie.model": model, "sie.pool": pool}
+        self.span = tracer.start_span("gateway.publish", attributes=attributes)
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier, context=trace.set_span_in_context(self.span))
+        self.traceparent = carrier.get("traceparent")
+        self.tracestate = carrier.get("tracestate")
+        self._open = True
+
+    def end(self, publish_ms: float | None = None) -> None:
+        """End the span (once; later calls do nothing)."""
+        if self._open:
+            self._open = False
+            if publish_ms is not None:
+                self.span.set_attribute("sie.publish_ms", publish_ms)
+            self.span.end()

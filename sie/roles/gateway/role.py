@@ -50,7 +50,7 @@ from sie.roles.gateway.lanes import Lane, LaneTelemetry
 from sie.roles.gateway.offload import Offloader, sweep_orphans
 from sie.roles.gateway.pending import StreamPending
 from sie.roles.gateway.pools import PoolManager, PoolRoute
-from sie.roles.gateway.publish import WorkPublisher
+from sie.roles.gateway.publish import PublishSpan, WorkPublisher
 from sie.roles.gateway.rates import RateMeter
 from sie.roles.gateway.requests import DEFAULT_ROUTING, Routing, check_request
 from sie.roles.gateway.shedding import admit
@@ -406,6 +406,7 @@ class GatewayRole:
         self._pending[request_id] = col
         published = False
         stored: list[str] = []  # payload-store keys of items sent by reference
+        span = PublishSpan(operation, model_id, route.logical)  # §15.1
         try:
             await self.pending.ensure_stream(pool)
             first = WorkItem(
@@ -423,6 +424,8 @@ class GatewayRole:
                 reply_subject=reply,
                 timestamp=time.time(),
                 accepts_result_chunks=True,
+                traceparent=span.traceparent,
+                tracestate=span.tracestate,
                 **works[0],
             )
             work = await encode_work(first, works)
@@ -442,6 +445,7 @@ class GatewayRole:
                         )
                         publish_ms = (time.monotonic() - t0) * 1000.0
                     self.lanes.clear_demand(lane)  # the lane is being served (§8)
+                    span.end(publish_ms)
                     if not self._given_up:
                         await col.done.wait()
             except TimeoutError:
@@ -459,6 +463,7 @@ class GatewayRole:
                     request_id=request_id,
                 )
         finally:
+            span.end()
             self.pending.release(pool, unsent[0])
             self.inbox.close(request_id)
             self.lanes.add_in_flight(lane, -n)

@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.abc
-from opentelemetry import propagate
 
 from sie.control.sync import ConfigSync
 from sie.core.errors import ModelNotFound, SieError
@@ -47,7 +46,7 @@ from sie.roles.worker.direct import run_direct
 from sie.roles.worker.generation import run_generation
 from sie.roles.worker.payloads import error_result, fetch_item, publish_result
 from sie.roles.worker.streams import attach_pool
-from sie.roles.worker.tasks import run_task
+from sie.roles.worker.tasks import run_task, trace_context
 from sie.settings_views import BusSettings, WorkerSettings
 from sie.telemetry import METRICS, Metrics, tracer
 from sie.transport.base import Bus, BusError, JsMsg, PullConsumer, Subscription
@@ -167,6 +166,15 @@ class WorkerRole:
                     log.error("preload of %s failed: %s", entry.model_id, exc.message)
             self.ready = True
             self._status_changed.set()
+            loaded = [m.name for m in self.models.statuses() if m.state == "loaded"]
+            log.info(
+                "worker %s ready (lane %s/%s/%s); models loaded: %s",
+                self.worker_id,
+                s.pool,
+                s.machine_profile,
+                s.bundle,
+                ", ".join(loaded) or "none",
+            )
             await self._pull_loop(consumer, tg)
 
     async def _await_bundle(self) -> None:
@@ -225,7 +233,6 @@ class WorkerRole:
             await self.bus.publish(item.reply_subject, chunk.to_bytes())
 
         scope = self.cancels.open(item.request_id)
-        carrier = {k: v for k in ("traceparent", "tracestate") if (v := getattr(item, k))}
         try:
             if item.payload_ref is not None:  # sent by reference (docs/api.md §12)
                 item = (await fetch_item(self.payloads, item, self.metrics))[0]
@@ -233,7 +240,7 @@ class WorkerRole:
                 scope,
                 tracer.start_as_current_span(  # §15.1: nests under the gateway's span
                     "worker.streaming_processor",
-                    context=propagate.extract(carrier),
+                    context=trace_context(item),
                     attributes={"sie.model": item.model_id},
                 ),
             ):

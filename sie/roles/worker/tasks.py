@@ -30,6 +30,8 @@ from typing import Any, cast
 
 import anyio
 import numpy as np
+from opentelemetry import context as otel_context
+from opentelemetry import propagate
 
 from sie.core.errors import InvalidInput
 from sie.core.registry import ModelEntry
@@ -139,6 +141,12 @@ def _text(item: Mapping[str, Any] | None, where: str) -> str:
     return text
 
 
+def trace_context(item: WorkItem) -> otel_context.Context:
+    """The W3C trace context ``item`` carries (empty when none)."""
+    carrier = {k: v for k in ("traceparent", "tracestate") if (v := getattr(item, k))}
+    return propagate.extract(carrier)
+
+
 async def run_task(item: WorkItem, entry: ModelEntry, loaded: LoadedModel) -> TaskOutcome:
     """Run ``item`` on ``loaded`` (a ``LoadedModel``: engine + batcher).
 
@@ -146,12 +154,18 @@ async def run_task(item: WorkItem, entry: ModelEntry, loaded: LoadedModel) -> Ta
         InvalidInput: the model lacks the task, or the item is malformed (names the field).
         InferenceError: the engine failed.
     """
-    if item.operation == "encode":
-        return await _encode(item, entry, loaded)
-    if item.operation == "score":
-        return await _score(item, entry, loaded)
-    if item.operation == "extract":
-        return await _extract(item, entry, loaded)
+    # the item's trace context is current while it is batched: its batch's
+    # worker.run_batch span joins the gateway's trace (architecture §15.1)
+    token = otel_context.attach(trace_context(item))
+    try:
+        if item.operation == "encode":
+            return await _encode(item, entry, loaded)
+        if item.operation == "score":
+            return await _score(item, entry, loaded)
+        if item.operation == "extract":
+            return await _extract(item, entry, loaded)
+    finally:
+        otel_context.detach(token)
     raise InvalidInput(
         f"operation {item.operation!r} is not supported by this worker", field="operation"
     )
