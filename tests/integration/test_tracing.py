@@ -137,3 +137,29 @@ def test_without_a_client_trace_the_gateway_starts_one(
             ),
             10,
         )
+
+
+def test_a_chat_request_traces_the_generation_spans(spans: InMemorySpanExporter) -> None:
+    llm = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    trace_id = "5" * 32
+    with (
+        run_stack(preload=(llm,)) as stack,
+        httpx.Client(base_url=stack.base_url, timeout=60) as c,
+    ):
+        r = c.post(
+            "/v1/chat/completions",
+            json={"model": llm, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+            headers={"traceparent": f"00-{trace_id}-{'6' * 16}-01"},
+        )
+        assert r.status_code == 200, r.text
+        assert r.headers["x-sie-trace-id"] == trace_id
+        names = {"gateway.request", "gateway.proxy_chat", "worker.streaming_processor"}
+        wait_for(lambda: names <= {s.name for s in _finished(spans, trace_id)}, 10)
+        by_name = {s.name: s for s in _finished(spans, trace_id)}
+        proxy, worker = by_name["gateway.proxy_chat"], by_name["worker.streaming_processor"]
+        assert proxy.parent.span_id == by_name["gateway.request"].context.span_id
+        assert worker.parent.span_id == proxy.context.span_id
+        assert proxy.attributes["http.route"] == "/v1/chat/completions"
+        assert proxy.attributes["sie.model"] == llm and proxy.attributes["sie.request_id"]
+        assert worker.attributes["sie.request_id"] == proxy.attributes["sie.request_id"]
+        assert worker.attributes["sie.model"] == llm and worker.attributes["sie.attempt_id"]

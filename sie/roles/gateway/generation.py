@@ -26,7 +26,7 @@ from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
-from opentelemetry import propagate
+from opentelemetry import propagate, trace
 
 from sie.core.admission import EngineState
 from sie.core.errors import (
@@ -229,11 +229,19 @@ class GenerationDispatch:
         """
         # §15.1: the caller's traceparent (if any) parents gateway.proxy_chat /
         # gateway.proxy_generate, whose context travels on the work item to the worker
-        span_name = "gateway.proxy_generate" if route == "native" else "gateway.proxy_chat"
+        if route == "native":
+            span_name = "gateway.proxy_generate"
+            attributes = {"sie.endpoint": "/v1/generate"}
+        else:
+            span_name = "gateway.proxy_chat"
+            path = "/v1/chat/completions" if route == "chat" else "/v1/completions"
+            attributes = {"http.route": path, "sie.routing_key_kind": "model"}
+        attributes |= {"sie.model": model_id, "sie.request_id": request_id}
+        current = trace.get_current_span().get_span_context().is_valid  # the request span
         with tracer.start_as_current_span(
             span_name,
-            context=propagate.extract(trace_headers or {}),
-            attributes={"sie.model": model_id, "sie.endpoint": route},
+            context=None if current else propagate.extract(trace_headers or {}),
+            attributes=attributes,
         ):
             carrier: dict[str, str] = {}
             propagate.inject(carrier)

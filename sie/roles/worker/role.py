@@ -241,7 +241,11 @@ class WorkerRole:
                 tracer.start_as_current_span(  # §15.1: nests under the gateway's span
                     "worker.streaming_processor",
                     context=trace_context(item),
-                    attributes={"sie.model": item.model_id},
+                    attributes={
+                        "sie.model": item.model_id,
+                        "sie.request_id": item.request_id,
+                        "sie.attempt_id": item.work_item_id,
+                    },
                 ),
             ):
                 entry = self._entry(item)
