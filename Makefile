@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install browser run test test-fast lint fmt type docs bench clean
+.PHONY: help install browser promtool run test test-fast lint fmt type docs bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -35,12 +35,24 @@ browser: ## install Debian's chromium and chromedriver when either is missing (a
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
 
+# promtool (from Debian's prometheus package, unpacked: no server is installed) checks the
+# alert rules and dashboard expressions in deploy/ (tests/unit/test_dashboards.py).
+PROMTOOL := .cache/bin/promtool
+$(PROMTOOL):
+	mkdir -p .cache/deb .cache/bin
+	cd .cache/deb && { ls prometheus_*.deb >/dev/null 2>&1 || apt-get download -qq prometheus || \
+		{ apt-get update -qq && apt-get download -qq prometheus; }; }
+	dpkg-deb -x "$$(ls .cache/deb/prometheus_*.deb | head -1)" .cache/deb/root
+	cp .cache/deb/root/usr/bin/promtool $(PROMTOOL)
+
+promtool: $(PROMTOOL) ## unpack promtool from Debian's prometheus package into .cache/bin
+
 run: $(STAMP) ## serve every role in one process on the in-memory bus (MiniLM and SmolLM2 preloaded)
 	$(BIN)/sie serve --roles=gateway,config,worker --bus=memory --host $(HOST) --port $(PORT) \
 		--models-dir configs --bundles-dir bundles \
 		--preload sentence-transformers/all-MiniLM-L6-v2 HuggingFaceTB/SmolLM2-135M-Instruct
 
-test: lint type browser ## lint, type check, then the whole test suite (unit, contract, integration, e2e, hostile, faults, browser)
+test: lint type browser $(PROMTOOL) ## lint, type check, then the whole test suite (unit, contract, integration, e2e, hostile, faults, browser)
 	$(BIN)/pytest -q
 
 test-fast: $(STAMP) ## unit and contract tests only
