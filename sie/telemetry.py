@@ -171,7 +171,9 @@ class Metrics:
         )
         self.capacity_reconcile_timestamp = Gauge(
             "sie_gateway_capacity_reconcile_timestamp_seconds",
-            "When the gateway last refreshed its autoscaling series (epoch seconds)",
+            "When the gateway last refreshed its autoscaling series (epoch seconds); "
+            "only gateways export it",
+            ["gateway"],
             registry=self.registry,
         )
 

@@ -187,7 +187,12 @@ def test_a_gateway_killed_mid_flight_leaves_the_other_serving(
 
     try:
         replies = asyncio.run(run())
-        assert _codes(replies) == {200: len(texts)}, _codes(replies)
+        assert _codes(replies) == {200: len(texts)}, (
+            _codes(replies),
+            [(str(r.url), r.text[:300]) for r in replies if getattr(r, "status_code", 0) != 200][
+                :3
+            ],
+        )
         got = np.array([r.json()["items"][0]["dense"]["values"] for r in replies], np.float32)
         np.testing.assert_allclose(got, st_model.encode(texts), atol=1e-5)
         # what the dead gateway had queued is worked off or dropped: the lane is free

@@ -94,4 +94,4 @@ def test_lane_queue_depth_follows_a_backlog_and_drains_to_zero(nats_server: Any)
         with httpx.Client(base_url=gw.base_url) as c:  # and /metrics shows the same
             text = c.get("/metrics").text
         assert 'sie_gateway_lane_queue_depth{bundle="default",machine_profile="a100"' in text
-        assert "sie_gateway_capacity_reconcile_timestamp_seconds " in text
+        assert "sie_gateway_capacity_reconcile_timestamp_seconds{gateway=" in text

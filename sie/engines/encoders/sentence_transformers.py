@@ -324,7 +324,11 @@ class SparseEncoder(DenseEncoder):
         self._dim = probe_loaded(
             self.config,
             "encode",
-            lambda: int(model.encode(["probe"], convert_to_sparse_tensor=True).shape[-1]),
+            lambda: int(
+                model.encode(
+                    ["probe"], convert_to_sparse_tensor=True, show_progress_bar=False
+                ).shape[-1]
+            ),
         )
         _check_declared_dim(self.config, "sparse", self._dim)
         self._counter = counting_tokenizer(model.tokenizer)

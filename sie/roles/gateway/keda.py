@@ -17,10 +17,11 @@ never adds one). Per lane:
   broker or a filter mismatch leaves that lane's value and freshness as they were.
 - ``sie_gateway_lane_queue_snapshot_timestamp_seconds``: when that lane's depth was
   last read successfully (epoch seconds): a stale lane is visible as such.
-- ``sie_gateway_pool_active_lease_gpus``: workers assigned to live pools, by the
-  lane each assigned worker serves.
+- ``sie_gateway_pool_active_lease_gpus``: workers assigned to at least one live pool,
+  by the lane each serves.
 - the warm floor and pinned-model snapshot (``sie.roles.gateway.pool_signals``).
-- ``sie_gateway_capacity_reconcile_timestamp_seconds``: when the last refresh ended.
+- ``sie_gateway_capacity_reconcile_timestamp_seconds{gateway}``: when the last refresh
+  ended (labelled with the router id: only gateways export it).
 
 At most 32 lane reads run at once and a whole snapshot is bounded to 4 s. Each
 gateway starts at an offset within the cadence taken from its router id, so replicas
@@ -73,6 +74,7 @@ class LaneSnapshot:
         self.lanes = lanes
         self.metrics = metrics
         self.signals = PoolSignals(pools, metrics)
+        self.router_id = router_id
         digest = hashlib.blake2b(router_id.encode(), digest_size=4).digest()
         self.offset_s = int.from_bytes(digest) / 2**32 * CADENCE_S
         self._leases: set[Lane] = set()
@@ -137,17 +139,18 @@ class LaneSnapshot:
                     tg.start_soon(read, lane)
         self._set_leases(self.active_lease_gpus())
         self.signals.update()
-        self.metrics.capacity_reconcile_timestamp.set(time.time())
+        self.metrics.capacity_reconcile_timestamp.labels(self.router_id).set(time.time())
 
     def active_lease_gpus(self) -> dict[Lane, int]:
-        """Workers assigned to live pools, per the lane each serves."""
+        """Workers assigned to at least one live pool, per the lane each serves (a
+        worker two pools share counts once)."""
         workers = self.pools.workers()
-        out: dict[Lane, int] = {}
+        leased: dict[Lane, set[str]] = {}
         for pool in self.pools.live_pools():
             for w in assign(pool.spec, workers):
                 lane = (w.pool.lower(), w.machine_profile.lower(), w.bundle)
-                out[lane] = out.get(lane, 0) + 1
-        return out
+                leased.setdefault(lane, set()).add(w.worker_id)
+        return {lane: len(ids) for lane, ids in leased.items()}
 
     def _set_leases(self, values: dict[Lane, int]) -> None:
         gauge = self.metrics.pool_active_lease_gpus
