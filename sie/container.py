@@ -225,6 +225,7 @@ def build_gateway_role(
                 physical_lanes=frozenset(gateway.configured_physical_lanes),
             ),
             default_profile=gateway.machine_profile,
+            max_pools=gateway.max_pools,
         ),
         metrics=metrics,
     )

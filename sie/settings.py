@@ -113,6 +113,7 @@ class ServeSettings(BaseModel):
     # capped pools (docs/pools.md): seconds a worker-direct request may miss results
     # before they go to the pool; seconds between a worker's readings of the pools
     direct_fallback_s: float = Field(default=10.0, gt=0, le=3600)
+    max_pools: int = Field(default=256, ge=1, le=10_000)
     pool_poll_s: float = Field(default=10.0, gt=0, le=3600)
     lane_backpressure_enforce: bool = False
     # streams (architecture §8.2)
@@ -393,6 +394,7 @@ ENV_VARS: dict[str, str] = {
     "SIE_POOL_STORE": "pool_store",
     "SIE_POOL_STORE_NAMESPACE": "pool_store_namespace",
     "SIE_GATEWAY_DIRECT_FALLBACK_S": "direct_fallback_s",
+    "SIE_MAX_POOLS": "max_pools",
     "SIE_WORKER_POOL_POLL_S": "pool_poll_s",
     "SIE_GATEWAY_LANE_BACKPRESSURE_ENFORCE": "lane_backpressure_enforce",
     "SIE_STREAM_MAX_AGE_S": "stream_max_age_s",

@@ -152,6 +152,9 @@ ENV_DOCS: dict[str, EnvDoc] = {
         "with `SIE_POOL_STORE=kubernetes`: the namespace of the pools' ConfigMaps",
         unset="the pod's own namespace",
     ),
+    "SIE_MAX_POOLS": EnvDoc(
+        "gateway: most pools the store may hold besides `default`; creating one more is refused (409 `POOL_LIMIT_EXCEEDED`), changes to existing ones still work. Each pool costs every gateway work each second, and the status page shows them all"
+    ),
     "SIE_GATEWAY_DIRECT_FALLBACK_S": EnvDoc(
         "gateway: seconds a capped pool's request sent straight to one of its workers may miss results before the missing items go to the pool's queue instead (at once when that worker stops heartbeating; [pools.md](pools.md) \"Capped pools\")"
     ),

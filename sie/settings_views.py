@@ -114,6 +114,7 @@ class GatewaySettings(SettingsView):
     pool_store: Literal["memory", "nats", "kubernetes"] | None
     pool_store_namespace: str | None
     direct_fallback_s: float
+    max_pools: int
     access_log_sample: float
 
 

@@ -19,6 +19,7 @@ Tree::
     ├── BundleNotFound             404 BUNDLE_NOT_FOUND
     ├── PoolNotFound               404 POOL_NOT_FOUND     (X-SIE-Pool names no pool: fails closed)
     ├── PoolConflict               409 POOL_CONFLICT      (exists with another spec / changed meanwhile)
+    ├── PoolLimitExceeded          409 POOL_LIMIT_EXCEEDED (the store holds SIE_MAX_POOLS)
     ├── ConfigError                400 INVALID_CONFIG     (bad model/bundle YAML; names keys)
     │   ├── ParseError             400 PARSE_ERROR        (not YAML / not a mapping)
     │   ├── InvalidModelId         400 INVALID_MODEL_ID   (architecture §3 _validate_model_id)
@@ -61,6 +62,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from sie.core.echo import MAX_ECHO_CHARS, MAX_MESSAGE_CHARS, bound_message, echo
+
 __all__ = [
     "MAX_ECHO_CHARS",
     "MAX_MESSAGE_CHARS",
@@ -89,6 +92,7 @@ __all__ = [
     "PayloadTooLarge",
     "PayloadUnavailable",
     "PoolConflict",
+    "PoolLimitExceeded",
     "PoolNotFound",
     "Provisioning",
     "PublisherUnavailable",
@@ -113,34 +117,6 @@ __all__ = [
 ]
 
 
-#: Most characters of one client-supplied value (an id, a path) an error echoes. Every
-#: valid model id (128) and ``model:profile`` id (193) fits unshortened.
-MAX_ECHO_CHARS = 200
-#: Most characters of an error message; longer ones keep their head and tail.
-MAX_MESSAGE_CHARS = 2000
-
-
-def echo(value: object, limit: int = MAX_ECHO_CHARS) -> str:
-    """``value`` as text of at most about ``limit`` characters, for error messages.
-
-    A longer value keeps its first ``limit`` characters and says how long it was:
-    ``echo("a" * 10_000)`` is ``"aaa…(10000 chars)"`` with 200 ``a``. Use it where a
-    message interpolates something the client sent (``f"model {echo(m)!r} not found"``).
-    """
-    text = value if isinstance(value, str) else str(value)
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}…({len(text)} chars)"
-
-
-def _bound_message(message: str) -> str:
-    if len(message) <= MAX_MESSAGE_CHARS:
-        return message
-    head, tail = MAX_MESSAGE_CHARS * 3 // 4, MAX_MESSAGE_CHARS // 4
-    elided = len(message) - head - tail
-    return f"{message[:head]}…({elided} chars elided)…{message[-tail:]}"
-
-
 class SieError(Exception):
     """Base of every SIE error.
 
@@ -159,7 +135,7 @@ class SieError(Exception):
     retry_after_s: ClassVar[int | None] = None
 
     def __init__(self, message: str, **fields: Any) -> None:
-        message = _bound_message(message)
+        message = bound_message(message)
         super().__init__(message)
         self.message = message
         self.fields = {k: echo(v) if isinstance(v, str) else v for k, v in fields.items()}
@@ -248,6 +224,13 @@ class ModelLimitExceeded(SieError):
     Fields: ``field`` (``sie_id``), ``limit``."""
 
     code = "MODEL_LIMIT_EXCEEDED"
+    status = 409
+
+
+class PoolLimitExceeded(SieError):
+    """A new pool beyond ``SIE_MAX_POOLS`` (docs/pools.md). Fields: ``limit``."""
+
+    code = "POOL_LIMIT_EXCEEDED"
     status = 409
 
 

@@ -50,6 +50,12 @@ MAX_NAME_CHARS = 63
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,63}")
 #: Longest lease a client may ask for (30 days).
 MAX_TTL_S = 30 * 24 * 3600
+#: Bounds of one spec: machine profiles in ``gpus`` / ``gpu_caps``, pinned models, and
+#: the largest worker count or warm floor (docs/pools.md; every pool costs every
+#: gateway work each second, so a spec stays small).
+MAX_PROFILES = 32
+MAX_PINNED = 32
+MAX_WORKERS = 1024
 
 
 def canonical_name(value: object, field: str) -> str:
@@ -70,11 +76,14 @@ def canonical_name(value: object, field: str) -> str:
 def _profiles(value: Any, field: str) -> dict[str, int]:
     if not isinstance(value, dict):
         raise ValueError("must be a map of machine profile to a count")
+    if len(value) > MAX_PROFILES:
+        raise ValueError(f"at most {MAX_PROFILES} machine profiles")
     out: dict[str, int] = {}
     for k, v in value.items():
         name = canonical_name(k, f"{field}.{k}" if isinstance(k, str) else field)
-        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 10_000:
-            raise ValueError(f"{field}.{name}: must be an integer 0-10000")
+        low = 1 if field == "gpu_caps" else 0  # a cap of 0 could never serve
+        if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= MAX_WORKERS:
+            raise ValueError(f"{field}.{name}: must be an integer {low}-{MAX_WORKERS}")
         if name in out:
             raise ValueError(f"{field}: {name!r} is given twice (names are case-insensitive)")
         out[name] = v
@@ -90,9 +99,9 @@ class PoolSpec(BaseModel):
     gpus: dict[str, int]
     gpu_caps: dict[str, int] | None = None
     bundle: str | None = None
-    ttl_seconds: int | None = Field(default=None, ge=1, le=MAX_TTL_S)
+    ttl_seconds: int | None = Field(default=None, ge=1, le=MAX_TTL_S, strict=True)
     queue_pool: str = DEFAULT_POOL
-    minimum_worker_count: int = Field(default=0, ge=0, le=10_000)
+    minimum_worker_count: int = Field(default=0, ge=0, le=MAX_WORKERS, strict=True)
     pinned_models: tuple[str, ...] = ()
 
     @field_validator("name", "queue_pool", mode="before")
@@ -122,8 +131,8 @@ class PoolSpec(BaseModel):
             return ()
         if not isinstance(v, list | tuple) or not all(isinstance(m, str) and m for m in v):
             raise ValueError("must be a list of model ids")
-        if len(v) > 256:
-            raise ValueError("at most 256 pinned models")
+        if len(v) > MAX_PINNED:
+            raise ValueError(f"at most {MAX_PINNED} pinned models")
         return tuple(dict.fromkeys(v))
 
 
@@ -148,6 +157,12 @@ def parse_spec(body: Any) -> PoolSpec:
     if spec.name == DEFAULT_POOL:
         raise InvalidInput(
             "name: the default pool always exists and cannot be created", field="name"
+        )
+    extra = sorted(set(spec.gpu_caps or {}) - set(spec.gpus))
+    if extra:
+        raise InvalidInput(
+            f"gpu_caps.{extra[0]}: caps a machine profile the pool does not ask for in gpus",
+            field=f"gpu_caps.{extra[0]}",
         )
     return spec
 

@@ -36,6 +36,33 @@ __all__ = ["AccessLog", "trace_id_of"]
 log = logging.getLogger("sie.access")
 
 
+#: Characters of a client-chosen value (path, model) an access line carries.
+MAX_FIELD_CHARS = 256
+
+
+def _clean(value: str) -> str:
+    """``value`` safe for one log line: control characters (newlines, ANSI escapes)
+    written as escapes, so a client cannot forge or paint lines; at most
+    ``MAX_FIELD_CHARS`` characters, longer ones cut with ``...``."""
+    if value.isprintable() and len(value) <= MAX_FIELD_CHARS:
+        return value
+    cut = value[:MAX_FIELD_CHARS]
+    out = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in cut)
+    return out + ("..." if len(value) > MAX_FIELD_CHARS else "")
+
+
+def _trace_headers(scope: Scope) -> dict[str, str]:
+    """The request's ``traceparent`` / ``tracestate``; a header sent twice is dropped
+    (W3C trace context: several ``traceparent`` values make the context invalid)."""
+    seen: dict[str, list[str]] = {}
+    for k, v in scope.get("headers", []):
+        if k in (b"traceparent", b"tracestate"):
+            seen.setdefault(k.decode("latin-1"), []).append(v.decode("latin-1"))
+    if len(seen.get("traceparent", ())) > 1:
+        return {}
+    return {k: vs[0] for k, vs in seen.items() if len(vs) == 1}
+
+
 def trace_id_of(span: trace.Span) -> str | None:
     """The span's trace id as 32 hex digits, or None outside a trace."""
     ctx = span.get_span_context()
@@ -55,11 +82,7 @@ class AccessLog:
             await self.app(scope, receive, send)
             return
         started = time.monotonic()
-        carrier = {
-            k.decode("latin-1"): v.decode("latin-1")
-            for k, v in scope.get("headers", [])
-            if k in (b"traceparent", b"tracestate")
-        }
+        carrier = _trace_headers(scope)
         path = str(scope.get("path", ""))
         status = 500  # unless a response starts
         with tracer.start_as_current_span(
@@ -95,12 +118,13 @@ class AccessLog:
         if not log.isEnabledFor(level):
             return
         state: dict[str, Any] = scope.get("state", {})
+        model = state.get("model")
         fields = {
             "request_id": state.get("request_id"),
             "trace_id": trace_id,
-            "method": scope.get("method"),
-            "path": path,
-            "model": state.get("model"),
+            "method": _clean(str(scope.get("method", ""))),
+            "path": _clean(path),
+            "model": None if model is None else _clean(str(model)),
             "items": state.get("items"),
             "status": status,
             "duration_ms": round(seconds * 1000.0, 2),
@@ -109,7 +133,7 @@ class AccessLog:
             level,
             "%s %s %s %.1fms model=%s items=%s request_id=%s trace_id=%s",
             fields["method"],
-            path,
+            fields["path"],
             status,
             fields["duration_ms"],
             fields["model"],

@@ -81,6 +81,14 @@ def _media(value: str) -> tuple[str, dict[str, str]]:
     return kind.strip().lower(), out
 
 
+def is_json(content_type: str | None) -> bool:
+    """Whether a ``Content-Type`` names JSON (``application/json`` or ``+json``)."""
+    kind = _media(content_type or "")[0]
+    return kind == "application/json" or (
+        kind.startswith("application/") and kind.endswith("+json")
+    )
+
+
 def is_msgpack(content_type: str | None) -> bool:
     """Whether a ``Content-Type`` names msgpack (any of its media types)."""
     return _media(content_type or "")[0] in MSGPACK_TYPES

@@ -19,8 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from sie.core.errors import UnsupportedMediaType
 from sie.core.pools import parse_spec
-from sie.http.negotiation import read_payload
+from sie.http.negotiation import is_json, is_msgpack, read_payload
 from sie.roles.gateway import GatewayRole
 from sie.roles.gateway.pools import PoolManager
 
@@ -40,6 +41,14 @@ async def list_pools(request: Request) -> Response:
 
 
 async def create_pool(request: Request) -> Response:
+    content_type = request.headers.get("content-type")
+    if not (is_json(content_type) or is_msgpack(content_type)):
+        # a form or text body is what another site's page can post without asking
+        # (a "simple" cross-origin request): pool writes take JSON or msgpack only
+        raise UnsupportedMediaType(
+            "POST /v1/pools reads a JSON (application/json) or msgpack body",
+            field="Content-Type",
+        )
     spec = await read_payload(request, POOL_BODY_BYTES, parse_spec)
     info, created = await _pools(request).create(spec)
     return JSONResponse(info, status_code=201 if created else 200)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 import socket
+from typing import Any
 
 import anyio
 import anyio.abc
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
+from hypercorn.protocol import ws_stream
 from starlette.types import ASGIApp
 
 __all__ = ["bind_socket", "serve_app"]
@@ -35,6 +37,37 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock.listen(1024)
     sock.set_inheritable(True)
     return sock
+
+
+#: Largest websocket message a client may send (1 MiB; past it: close 1009).
+MAX_WEBSOCKET_MESSAGE_BYTES = 1024 * 1024
+
+
+def _bound_websocket_messages() -> None:
+    """Make hypercorn stop buffering a websocket message once it is over the limit.
+
+    hypercorn 0.18 answers a message past ``websocket_max_message_size`` with a close
+    (1009) but keeps appending what the client goes on sending to the same buffer, so
+    one message that never ends grows the process without bound (found by the hostile
+    suite: +1.8 GB in 12 s). Past the limit its buffer now drops the data and refuses
+    every later frame of that connection, which is being closed anyway."""
+    cls = ws_stream.WebsocketBuffer
+    if getattr(cls, "sie_bounded", False):
+        return
+    extend = cls.extend
+
+    def bounded_extend(self: Any, event: Any) -> None:
+        if self.length + len(event.data) > self.max_length:
+            self.value = None
+            self.length = self.max_length + 1  # stays over: later frames refused too
+            raise ws_stream.FrameTooLargeError()
+        extend(self, event)
+
+    cls.extend = bounded_extend  # type: ignore[method-assign]
+    cls.sie_bounded = True  # type: ignore[attr-defined]
+
+
+_bound_websocket_messages()
 
 
 async def serve_app(
@@ -67,6 +100,8 @@ async def serve_app(
     # server stops reading that socket, so a burst of large uploads waiting for their
     # turn (sie.http.limits) buffers 2 chunks each on the loop, not 10
     config.max_app_queue_size = 2
+    # no route reads large websocket messages (the status stream ignores them)
+    config.websocket_max_message_size = MAX_WEBSOCKET_MESSAGE_BYTES
     log.info("%s listening on http://%s:%d", name, host, bound)
     task_status.started(bound)
     await serve(app, config, shutdown_trigger=shutdown.wait)  # type: ignore[arg-type]

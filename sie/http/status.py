@@ -40,7 +40,7 @@ from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 import anyio
 from starlette.requests import Request
@@ -65,6 +65,9 @@ KEEPALIVE_S = 15.0
 LOST_AFTER_S = 60.0
 #: Most concurrent streams per gateway; past it a stream is closed with 1013.
 MAX_STREAMS = 64
+#: Seconds one message to a stream may take to leave; a client that stops reading
+#: loses its stream (and its slot) after that.
+SEND_TIMEOUT_S = 10.0
 #: Fields left out when comparing two states: they change on every look.
 _VOLATILE = ("generated_at", "uptime_s", "last_seen_s")
 
@@ -219,6 +222,9 @@ async def cluster_stream(ws: WebSocket) -> None:
     """``/ws/cluster-status``: until the client leaves or the gateway drains. Messages
     the client sends are read and dropped."""
     feed: StatusFeed = ws.app.state.status_feed
+    if not same_origin(ws):  # another site's page may not read the cluster (CSWSH)
+        await ws.close(code=1008, reason="cross-origin websocket refused")
+        return
     await ws.accept()
     if feed.streams >= MAX_STREAMS:
         await ws.close(code=1013, reason="too many status streams; retry later")
@@ -249,12 +255,22 @@ async def _push(ws: WebSocket, feed: StatusFeed) -> bool:
         while not ws.app.state.draining:
             text, key = feed.current()
             if key != last_key or time.monotonic() - last_sent >= KEEPALIVE_S:
-                await ws.send_text(text)
+                with anyio.fail_after(SEND_TIMEOUT_S):  # a client that stops reading
+                    await ws.send_text(text)
                 last_key, last_sent = key, time.monotonic()
             await anyio.sleep(POLL_S)
-    except (WebSocketDisconnect, OSError, RuntimeError):
+    except (WebSocketDisconnect, OSError, RuntimeError, TimeoutError):
         return False
     return True
+
+
+def same_origin(ws: WebSocket) -> bool:
+    """Whether a browser's ``Origin`` (absent for non-browser clients) names the host
+    the request was sent to (``Host``)."""
+    origin = ws.headers.get("origin")
+    if origin is None:
+        return True
+    return urlsplit(origin).netloc.lower() == ws.headers.get("host", "").lower()
 
 
 _PAGE = "static/status.html"

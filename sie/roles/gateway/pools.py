@@ -22,6 +22,7 @@ from sie.core.errors import (
     Forbidden,
     InvalidInput,
     PoolConflict,
+    PoolLimitExceeded,
     PoolNotFound,
     Provisioning,
     SieError,
@@ -79,10 +80,13 @@ class PoolManager:
         static_queue_pools: tuple[str, ...] = (),
         catalog: LaneCatalog | None = None,
         default_profile: str = "default",
+        max_pools: int = 256,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``catalog``: the lanes requests may resolve to (``sie.core.lane_catalog``);
-        ``default_profile``: the machine profile of a request that names none."""
+        ``default_profile``: the machine profile of a request that names none;
+        ``max_pools``: most pools the store may hold (``SIE_MAX_POOLS``)."""
+        self.max_pools = max_pools
         self.catalog = catalog if catalog is not None else LaneCatalog()
         self.default_profile = default_profile
         self.store = store
@@ -254,6 +258,10 @@ class PoolManager:
                     field=f"pinned_models[{i}]",
                 ) from None
             pinned.append(entry.model_id)
+        if spec.bundle is not None and spec.bundle not in self.registry.snapshot.bundles:
+            raise InvalidInput(
+                f"bundle: {spec.bundle!r} is not a bundle of this deployment", field="bundle"
+            )
         if spec.queue_pool != DEFAULT_POOL and spec.queue_pool not in self.static_queue_pools:
             raise InvalidInput(
                 f"queue_pool: {spec.queue_pool!r} is not a deploy-owned queue pool "
@@ -285,6 +293,12 @@ class PoolManager:
                     spec=spec, created_at=now if created else old.created_at, last_renewed=now
                 )
             else:
+                if len(await self.store.list_pools()) >= self.max_pools:
+                    raise PoolLimitExceeded(
+                        f"this deployment holds at most {self.max_pools} pools "
+                        "(SIE_MAX_POOLS); delete one first",
+                        limit=self.max_pools,
+                    )
                 created, pool = True, Pool(spec=spec, created_at=now, last_renewed=now)
             try:
                 revision = await self.store.put(

@@ -381,12 +381,17 @@ class GatewayRole:
         route, profile = self.lane_of(entry, bundle, routing.pool, routing.machine_profile)
         pool = route.queue_pool
         lane = self.lanes.lane(pool, profile, bundle)
+        request_id = routing.request_id or uuid7()
+        direct = self.pools.direct_worker(route, profile, bundle, request_id)
         # a pool the caller named is published to even with no worker yet (§2: its
-        # capacity scales from zero); otherwise no live worker is PROVISIONING
-        if not route.pinned and not self.lane_served(pool, profile, bundle):
+        # capacity scales from zero), unless it is capped and none of its workers is
+        # live (only they could take it); otherwise no live worker is PROVISIONING
+        empty = direct is None and self.pools.capped_ring(route, profile, bundle) == []
+        if empty or (not route.pinned and not self.lane_served(pool, profile, bundle)):
             self.lanes.record_demand(lane, "provisioning")  # for the autoscaler (§2)
             raise Provisioning(
-                f"no worker serves pool {pool!r}, machine profile {profile!r}, bundle {bundle!r}; retry later",
+                f"no worker serves pool {route.logical!r}, machine profile {profile!r}, "
+                f"bundle {bundle!r}; retry later",
                 pool=pool,
                 machine_profile=profile,
                 bundle=bundle,
@@ -396,8 +401,6 @@ class GatewayRole:
         self.pending.reserve(pool, n)
         unsent = [n]  # this request's admitted items not yet published
         subject = work_subject(pool, profile, bundle, model_id)
-        request_id = routing.request_id or uuid7()
-        direct = self.pools.direct_worker(route, profile, bundle, request_id)
         reply = inbox_subject(self.router_id, request_id)
         col = Collector(
             n, [None] * n, n, credits=window_credits(n, self.settings.request_window_items)

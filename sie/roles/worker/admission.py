@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Literal
 
 import anyio
 import anyio.abc
@@ -92,17 +93,27 @@ class PoolAdmission:
                 log.warning("skipping unreadable pool %r: %s", name, exc)
         self._pools = pools
 
-    async def admits(self, admission_pool: str | None) -> bool:
-        """Whether this worker may run an item of ``admission_pool``."""
+    async def verdict(self, admission_pool: str | None) -> Literal["run", "elsewhere", "gone"]:
+        """What this worker does with an item of ``admission_pool``: ``run`` it;
+        leave it to ``elsewhere`` (NAK: the pool assigns other workers of the lane);
+        or answer that the pool is ``gone`` (unknown or expired even after a fresh
+        reading: its requests fail closed at once instead of cycling until
+        ``max_deliver``)."""
         name = (admission_pool or "").lower()
         if name in ("", DEFAULT_POOL, self.settings.pool.lower()):
-            return True
+            return "run"
         if admits(self._pools.get(name), self.me, self.clock()):
-            return True
-        if time.monotonic() - self._read_at < _MIN_REREAD_S:
-            return False
-        await self.refresh()  # a pool created or reassigned since the last reading
-        return admits(self._pools.get(name), self.me, self.clock())
+            return "run"
+        if time.monotonic() - self._read_at >= _MIN_REREAD_S:
+            await self.refresh()  # a pool created or reassigned since the last reading
+            if admits(self._pools.get(name), self.me, self.clock()):
+                return "run"
+        pool = self._pools.get(name)
+        return "gone" if pool is None or pool.expired(self.clock()) else "elsewhere"
+
+    async def admits(self, admission_pool: str | None) -> bool:
+        """Whether this worker may run an item of ``admission_pool``."""
+        return await self.verdict(admission_pool) == "run"
 
     def pinned(self) -> frozenset[str]:
         """Model ids of this worker's bundle pinned by the pools assigning it."""

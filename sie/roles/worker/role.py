@@ -21,13 +21,12 @@ import anyio
 import anyio.abc
 
 from sie.control.sync import ConfigSync
-from sie.core.errors import ModelNotFound, SieError
+from sie.core.errors import ModelNotFound, PoolNotFound, SieError
 from sie.core.registry import ModelEntry, ModelRegistry
 from sie.core.subjects import (
     CANCEL_WILDCARD,
     batch_cancel_wildcard,
     config_subject,
-    health_subject,
 )
 from sie.core.trust import ConfigTrust
 from sie.core.wire import (
@@ -44,6 +43,7 @@ from sie.roles.worker.admission import ADMISSION_RETRY_S, PoolAdmission
 from sie.roles.worker.cancels import Cancellations
 from sie.roles.worker.direct import run_direct
 from sie.roles.worker.generation import run_generation
+from sie.roles.worker.heartbeats import Heartbeats
 from sie.roles.worker.payloads import error_result, fetch_item, publish_result
 from sie.roles.worker.streams import attach_pool
 from sie.roles.worker.tasks import run_task, trace_context
@@ -103,7 +103,13 @@ class WorkerRole:
         self.streams = streams
         self.metrics = metrics
         self.worker_id = settings.worker_id
-        self._status_changed = anyio.Event()
+        self.beats = Heartbeats(
+            bus,
+            self.worker_id,
+            self.heartbeat,
+            settings.heartbeat_interval_s,
+            settings.admission_poll_interval_s,
+        )
         self.models = models
         models.add_listener(self._notify)
         self._inflight = anyio.Semaphore(settings.max_inflight_items)
@@ -122,7 +128,7 @@ class WorkerRole:
         self.ready = False
 
     def _notify(self) -> None:
-        self._status_changed.set()
+        self.beats.changed()
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -152,7 +158,7 @@ class WorkerRole:
             task_status.started()
             await self._await_bundle()
             preload = [self.registry.resolve(m)[0] for m in s.preload]  # unknown id: fail
-            tg.start_soon(self._heartbeats)
+            tg.start_soon(self.beats.run)
             tg.start_soon(self._keep_held_alive)
             consumer = await attach_pool(self.bus, self.settings, self.streams)
             # work sent to this worker alone (architecture §8): durable, per worker
@@ -165,7 +171,7 @@ class WorkerRole:
                 except SieError as exc:
                     log.error("preload of %s failed: %s", entry.model_id, exc.message)
             self.ready = True
-            self._status_changed.set()
+            self.beats.changed()
             loaded = [m.name for m in self.models.statuses() if m.state == "loaded"]
             log.info(
                 "worker %s ready (lane %s/%s/%s); models loaded: %s",
@@ -361,8 +367,9 @@ class WorkerRole:
             await msg.ack()  # abandoned by its gateway: drop before any work (§8)
             self.metrics.work_items.labels(item.model_id, "cancelled").inc()
             return
-        if not direct and not await self.pools.admits(item.admission_pool):
-            await msg.nak(ADMISSION_RETRY_S)  # a pool that does not assign this worker
+        verdict = "run" if direct else await self.pools.verdict(item.admission_pool)
+        if verdict == "elsewhere":  # the pool assigns other workers of this lane
+            await msg.nak(ADMISSION_RETRY_S)
             self.metrics.work_items.labels(item.model_id, "not_assigned").inc()
             return
         if not self._serves(item.model_id) and msg.num_delivered < CONFIG_LAG_DELIVERIES:
@@ -381,6 +388,8 @@ class WorkerRole:
         fetch_ms: float | None = None
         try:
             with scope:
+                if verdict == "gone":  # fails closed at once (docs/pools.md)
+                    raise PoolNotFound(f"pool {item.admission_pool!r} does not exist")
                 if item.payload_ref is not None:  # sent by reference (docs/api.md §12)
                     item, fetch_ms = await fetch_item(self.payloads, item, self.metrics)
                 result = await self._execute(item)
@@ -470,29 +479,3 @@ class WorkerRole:
             bundle_config_hash=snap.bundle_config_hash(s.bundle, s.pool),
             interval_s=s.heartbeat_interval_s,
         )
-
-    async def _heartbeats(self) -> None:
-        """Publish a heartbeat every interval, and at once when a model's state changes.
-
-        While a generation engine is loaded the interval is at most the admission
-        poll interval: the gateways' admission gate reads the engine's state from
-        these heartbeats (admission-gate.md "What the gate reads").
-        """
-        failing = False
-        while True:
-            hb = self.heartbeat()
-            try:
-                await self.bus.publish(health_subject(self.worker_id), hb.to_bytes())
-                if failing:
-                    log.info("heartbeats flowing again")
-                failing = False
-            except BusError as exc:
-                if not failing:  # once per outage, not once per interval
-                    log.warning("heartbeat publish failed: %s", exc)
-                failing = True
-            self._status_changed = anyio.Event()
-            interval = self.settings.heartbeat_interval_s
-            if any(m.engine_state is not None for m in hb.models):
-                interval = min(interval, self.settings.admission_poll_interval_s)
-            with anyio.move_on_after(interval):
-                await self._status_changed.wait()
