@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -43,6 +42,7 @@ from sie.roles.gateway.capped import CappedDispatch
 from sie.roles.gateway.collect import Collected, Collector, raise_failures, window_credits
 from sie.roles.gateway.directory import WorkerDirectory
 from sie.roles.gateway.dlq import DeadLetters
+from sie.roles.gateway.functions import FunctionRequests
 from sie.roles.gateway.generation import GenerationDispatch
 from sie.roles.gateway.inbox import ResultInbox
 from sie.roles.gateway.keda import LaneSnapshot
@@ -52,7 +52,7 @@ from sie.roles.gateway.pending import StreamPending
 from sie.roles.gateway.pools import PoolManager, PoolRoute
 from sie.roles.gateway.publish import PublishSpan, WorkPublisher
 from sie.roles.gateway.rates import RateMeter
-from sie.roles.gateway.requests import DEFAULT_ROUTING, Routing, check_request
+from sie.roles.gateway.requests import Routing
 from sie.roles.gateway.shedding import admit
 from sie.roles.gateway.work import encode_work
 from sie.settings_views import BusSettings, GatewaySettings, LimitsSettings
@@ -65,7 +65,7 @@ __all__ = ["GatewayRole"]
 log = logging.getLogger(__name__)
 
 
-class GatewayRole:
+class GatewayRole(FunctionRequests):
     """Routing, dispatch and result collection. Start ``run`` in a task group."""
 
     def __init__(
@@ -232,127 +232,6 @@ class GatewayRole:
             return
         pool_ = route.queue_pool
         await self._admit(self.lanes.lane(pool_, profile, bundle), pool_, 0, record=False)
-
-    def _prepare(
-        self,
-        model_id: str,
-        items: Sequence[Mapping[str, Any]],
-        task: str | None,
-        texts: list[tuple[str, Any]],
-    ) -> tuple[ModelEntry, str]:
-        """``check_request`` against this gateway's registry and limits."""
-        return check_request(self.registry, self.limits, model_id, items, task, texts)
-
-    async def encode(
-        self,
-        model_id: str,
-        items: Sequence[Mapping[str, Any]],
-        *,
-        output_types: list[str] | None = None,
-        instruction: str | None = None,
-        is_query: bool | None = None,
-        options: Mapping[str, Any] | None = None,
-        routing: Routing = DEFAULT_ROUTING,
-    ) -> Collected:
-        """Fan ``items`` out as encode work items (one each) and wait for every result.
-
-        Returns:
-            ``Collected`` with one successful ``WorkResult`` per item, in input order.
-
-        Raises:
-            ModelNotFound: unknown model (404).
-            InvalidInput: too many items, or a text over ``max_text_chars`` (400).
-            Provisioning: no live worker serves the lane (503, Retry-After 60).
-            Backpressure: the pool's stream is full (503, Retry-After 5).
-            GatewayTimeout: not every result arrived within ``timeout_s`` (504).
-            SieError: the workers' error, when every item failed with one code
-                (e.g. 503 MODEL_LOADING, 502 MODEL_LOAD_FAILED); otherwise
-                InferenceError listing each failed item.
-        """
-        entry, bundle = self._prepare(model_id, items, None, [("params.instruction", instruction)])
-        common = {
-            "output_types": output_types,
-            "instruction": instruction,
-            "is_query": is_query,
-            "options": dict(options) if options else None,
-        }
-        return await self._run(
-            entry,
-            bundle,
-            "encode",
-            [{"item": dict(it), **common} for it in items],
-            routing,
-        )
-
-    async def score(
-        self,
-        model_id: str,
-        query: Mapping[str, Any],
-        items: Sequence[Mapping[str, Any]],
-        *,
-        instruction: str | None = None,
-        options: Mapping[str, Any] | None = None,
-        routing: Routing = DEFAULT_ROUTING,
-    ) -> Collected:
-        """Score ``items`` against ``query``: ONE work item carrying the query and every
-        candidate (architecture §8.4). Its result is ``{"scores": [float]}`` in item order.
-
-        Raises:
-            as ``encode``; InvalidInput also when the model has no ``tasks.score``.
-        """
-        entry, bundle = self._prepare(
-            model_id,
-            items,
-            "score",
-            [("instruction", instruction), ("query.text", query.get("text"))],
-        )
-        work = {
-            "query_item": dict(query),
-            "score_items": [dict(it) for it in items],
-            "instruction": instruction,
-            "options": dict(options) if options else None,
-        }
-        return await self._run(
-            entry,
-            bundle,
-            "score",
-            [work],
-            routing,
-        )
-
-    async def extract(
-        self,
-        model_id: str,
-        items: Sequence[Mapping[str, Any]],
-        *,
-        labels: list[str] | None = None,
-        output_schema: Mapping[str, Any] | None = None,
-        instruction: str | None = None,
-        options: Mapping[str, Any] | None = None,
-        routing: Routing = DEFAULT_ROUTING,
-    ) -> Collected:
-        """Fan ``items`` out as extract work items (one each); each result is
-        ``{"entities": [...], "relations", "classifications", "objects", "data"}``.
-
-        Raises:
-            as ``encode``; InvalidInput also when the model has no ``tasks.extract``.
-        """
-        entry, bundle = self._prepare(
-            model_id, items, "extract", [("params.instruction", instruction)]
-        )
-        common = {
-            "labels": labels,
-            "output_schema": dict(output_schema) if output_schema else None,
-            "instruction": instruction,
-            "options": dict(options) if options else None,
-        }
-        return await self._run(
-            entry,
-            bundle,
-            "extract",
-            [{"item": dict(it), **common} for it in items],
-            routing,
-        )
 
     def lane_of(
         self, entry: ModelEntry, bundle: str, pool: str | None, machine_profile: str | None
