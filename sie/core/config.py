@@ -220,7 +220,8 @@ class Profile(_Strict):
     extends: str | None = None
     adapter_path: str | None = None
     max_batch_tokens: int | None = Field(default=None, gt=0, le=2**31, strict=True)
-    compute_precision: Literal["float16", "bfloat16", "float32"] | None = None
+    #: ``int8``: dynamic int8 quantisation, served by the ONNX engines only (``sie.engines.onnx``)
+    compute_precision: Literal["float16", "bfloat16", "float32", "int8"] | None = None
     adapter_options: AdapterOptions | None = None
     adaptive_batching: dict[str, float] | None = None
 
@@ -314,6 +315,14 @@ class ModelConfig(_Strict):
                     raise ValueError(
                         f"profiles.{name}.extends: {p.extends!r} itself extends (no chaining)"
                     )
+        for name in self.profiles:  # int8 is dynamic quantisation: the ONNX engines only
+            resolved = self.resolve_profile(name)
+            onnx = (resolved.adapter_path or "").startswith("sie.engines.onnx.")
+            if resolved.compute_precision == "int8" and not onnx:
+                raise ValueError(
+                    f"profiles.{name}.compute_precision: int8 is served by the ONNX engines "
+                    "(adapter_path sie.engines.onnx.encoders:...) only"
+                )
         return self
 
     @property

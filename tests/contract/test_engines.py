@@ -11,6 +11,7 @@ idempotently. Kind-specific shapes (vectors, scores, entity offsets) follow.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import pytest
 
 from sie.core.config import ModelConfig, parse_bundle, parse_model_config
 from sie.core.errors import ModelLoadFailed
+from sie.core.yamldoc import load_yaml
 from sie.engines.base import (
     is_encoder,
     is_extractor,
@@ -30,7 +32,7 @@ from sie.engines.base import (
     memory_bytes,
 )
 from tests.builders import build_untrained_gliner
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, MODEL_CACHE
 
 pytestmark = pytest.mark.slow
 
@@ -55,10 +57,22 @@ class Case:
     module: str  # the adapter module the config names
     config: Callable[[pytest.TempPathFactory, Path], ModelConfig]
     labels: tuple[str, ...] | None = None
+    profile: str = "default"
 
 
 def _shipped(file: str) -> Callable[[pytest.TempPathFactory, Path], ModelConfig]:
     return lambda _tmp, _ce: parse_model_config((CONFIGS / file).read_text())
+
+
+def _onnx_profile(file: str, adapter: str) -> Callable[[pytest.TempPathFactory, Path], ModelConfig]:
+    """A shipped config with an ``onnx`` profile added (configs that ship none)."""
+
+    def build(_tmp: pytest.TempPathFactory, _ce: Path) -> ModelConfig:
+        doc = load_yaml((CONFIGS / file).read_text(), what=file)
+        doc["profiles"]["onnx"] = {"extends": "default", "adapter_path": adapter}
+        return parse_model_config(doc)
+
+    return build
 
 
 def _doc(sie_id: str, weights: Path, adapter: str, task: str) -> ModelConfig:
@@ -83,9 +97,20 @@ def _cross_encoder(_tmp: pytest.TempPathFactory, ce: Path) -> ModelConfig:
 
 
 ST = "sie.engines.encoders.sentence_transformers"
+ONNX = "sie.engines.onnx.encoders"
+MINILM_YAML = "sentence-transformers__all-MiniLM-L6-v2.yaml"
 CASES = [
-    Case("minilm-dense", "encode", ST, _shipped("sentence-transformers__all-MiniLM-L6-v2.yaml")),
+    Case("minilm-dense", "encode", ST, _shipped(MINILM_YAML)),
+    Case("minilm-onnx", "encode", ONNX, _shipped(MINILM_YAML), profile="onnx"),
+    Case("minilm-onnx-int8", "encode", ONNX, _shipped(MINILM_YAML), profile="onnx-int8"),
     Case("splade-sparse", "encode", ST, _shipped("rasyosef__splade-tiny.yaml")),
+    Case(
+        "splade-onnx",
+        "encode",
+        ONNX,
+        _onnx_profile("rasyosef__splade-tiny.yaml", f"{ONNX}:OnnxSparseEncoder"),
+        profile="onnx",
+    ),
     Case("cross-encoder", "score", "sie.engines.scorers.cross_encoder", _cross_encoder),
     Case(
         "gliner",
@@ -111,6 +136,15 @@ def test_every_shipped_task_engine_module_has_a_case() -> None:
     assert {c.module for c in CASES} == TASK_MODULES
 
 
+def _build(factory: Any, config: ModelConfig, profile: Any) -> Any:
+    """``factory(config, profile, "cpu")`` as the worker calls it: engines that convert
+    weights (the ONNX export) get the tests' shared model cache (``run_stack``'s)."""
+    extra: dict[str, Any] = {}
+    if "model_cache_dir" in inspect.signature(factory).parameters:
+        extra["model_cache_dir"] = str(MODEL_CACHE / "sie-models")
+    return factory(config, profile, "cpu", **extra)
+
+
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: c.name)
 def loaded(
     request: pytest.FixtureRequest,
@@ -119,10 +153,10 @@ def loaded(
 ) -> Iterator[tuple[Case, ModelConfig, Any]]:
     case: Case = request.param
     config = case.config(tmp_path_factory, cross_encoder_dir)
-    profile = config.resolve_profile()
+    profile = config.resolve_profile(case.profile)
     assert profile.adapter_module == case.module
     factory = load_engine_class(profile.adapter_path, DEFAULT_BUNDLE.adapters)
-    engine = factory(config, profile, "cpu")
+    engine = _build(factory, config, profile)
     engine.load()
     yield case, config, engine
     engine.unload()
@@ -220,15 +254,14 @@ def test_result_shapes(loaded: tuple[Case, ModelConfig, Any]) -> None:
 def test_the_constructor_does_no_io_and_load_names_missing_weights(
     loaded: tuple[Case, ModelConfig, Any], tmp_path: Path
 ) -> None:
-    _, config, _ = loaded
-    profile = config.resolve_profile()
+    case, config, _ = loaded
+    profile = config.resolve_profile(case.profile)
     # no package or hub fallback either (weights resolution tries those after weights_path)
     missing = config.model_copy(
         update={"weights_path": str(tmp_path / "absent"), "hf_id": None, "package_backed": False}
     )
-    engine = load_engine_class(profile.adapter_path, DEFAULT_BUNDLE.adapters)(
-        missing, profile, "cpu"
-    )  # nothing read yet
+    factory = load_engine_class(profile.adapter_path, DEFAULT_BUNDLE.adapters)
+    engine = _build(factory, missing, profile)  # nothing read yet
     with pytest.raises(ModelLoadFailed):
         engine.load()
     engine.unload()  # idempotent, also before a successful load

@@ -139,6 +139,8 @@ def test_models_endpoints(client: httpx.Client) -> None:
     assert [m["id"] for m in listing["data"]] == sorted(
         [
             MINILM,
+            f"{MINILM}:onnx",
+            f"{MINILM}:onnx-int8",
             "HuggingFaceTB/SmolLM2-135M-Instruct",
             "nationaldesignstudio/rampart",
             "rasyosef/splade-tiny",
@@ -149,7 +151,11 @@ def test_models_endpoints(client: httpx.Client) -> None:
     assert info["outputs"] == ["dense", "multivector", "score"]
     assert info["inputs"] == ["text"] and info["max_sequence_length"] == 256
     assert info["loaded"] is True and info["state"] == "loaded"
-    assert info["profiles"] == {"default": {"is_default": True}}
+    assert info["profiles"] == {
+        "default": {"is_default": True},
+        "onnx": {"is_default": False},
+        "onnx-int8": {"is_default": False},
+    }
     missing = client.get("/v1/models/nope/nothing")
     assert missing.status_code == 404
     assert missing.json() == {

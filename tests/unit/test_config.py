@@ -88,6 +88,11 @@ def test_unknown_keys_are_named(text: str, needle: str) -> None:
             "sie_id: m\nhf_id: m\npool: 'a b'\ntasks: {}\nprofiles: {default: {adapter_path: a:B, max_batch_tokens: 1}}\n",
             "pool",
         ),
+        (
+            "sie_id: m\nhf_id: m\ntasks: {}\nprofiles: {default: {adapter_path: a:B, "
+            "max_batch_tokens: 1}, q: {extends: default, compute_precision: int8}}\n",
+            "int8 is served by the ONNX engines",
+        ),
         ("- just\n- a list\n", "mapping"),
         ("sie_id: [unclosed\n", "invalid YAML"),
     ],

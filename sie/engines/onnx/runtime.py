@@ -1,0 +1,269 @@
+"""Tokenisation and ONNX Runtime sessions for the ONNX engines.
+
+``TextInputs``: the model's ``tokenizer.json`` (Hugging Face ``tokenizers``, the Rust
+tokenizer the torch path uses too), configured once at load: one copy pads to the
+longest text of a batch and truncates to the window (``longest_first``, right), one
+copy counts tokens (no padding, no truncation). Both are only read afterwards, so
+concurrent calls are safe. ``prepare`` renders templates and bounds long inputs as
+``DenseEncoder.prepare`` does (docs/api.md §10: a huge input costs a bounded amount).
+
+``Sessions``: ``onnxruntime.InferenceSession``s of one graph, graph optimisation
+``ORT_ENABLE_ALL``, ``CPUExecutionProvider`` (``CUDAExecutionProvider`` first when the
+device is ``cuda[:n]`` and onnxruntime has it). On a CPU the intra-op threads are
+split among the calls in flight, as the worker does for torch
+(``sie.engines.runtime.threads``): a call runs on a session with
+``max(1, cores // calls of this graph in flight)`` threads, so a lone call gets every
+core and overlapping calls one each (on 2 cores two 1-thread MiniLM calls encoded
+1.2-1.3x more sentences/s than one 2-thread call). A session per thread count: ``cores``
+and ``cores // 2`` are built at load, others on first use; each holds its own copy of
+the weights (``nbytes`` counts them all).
+
+Intra-op threads do not spin while they wait for work
+(``session.intra_op.allow_spinning = 0``): a spinning pool thread takes a core from the
+call's own thread, the event loop and the other engine calls. On the shared 2-core
+machine (load 5, the calling thread at nice 10 as the worker runs engine calls) a
+2-thread MiniLM session encoded 9-11 sentences/s at batch 1 spinning and 131-137 not.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sie.core.errors import InferenceError, ModelLoadFailed
+from sie.core.templates import render_input
+from sie.engines.runtime.threads import cpu_cores
+
+__all__ = ["INPUT_NAMES", "Sessions", "TextInputs", "import_onnx_stack"]
+
+log = logging.getLogger(__name__)
+
+#: The inputs an encoder graph may take (int64 ``[batch, seq]``), in export order.
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def import_onnx_stack() -> tuple[Any, Any]:
+    """``(onnxruntime, tokenizers.Tokenizer)``.
+
+    Raises:
+        ModelLoadFailed: (DEPENDENCY, permanent) either is not installed.
+    """
+    try:
+        import onnxruntime
+        from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise ModelLoadFailed(
+            f"cannot import the ONNX stack ({exc}); pip install 'sie[st,extract]'",
+            error_class="DEPENDENCY",
+            permanent=True,
+        ) from exc
+    return onnxruntime, Tokenizer
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class TextInputs:
+    """Texts to model inputs for one tokenizer and window.
+
+    Args:
+        root: the weights directory (``tokenizer.json``, optional ``tokenizer_config.json``).
+        window: most tokens per text, special tokens included (the torch pipeline's
+            ``max_seq_length``).
+        lowercase: lower-case texts first (sentence-transformers ``do_lower_case``).
+        names: the graph's inputs (a subset of ``INPUT_NAMES``).
+
+    Raises:
+        ModelLoadFailed: NOT_FOUND (no ``tokenizer.json``) or UNKNOWN (unreadable).
+    """
+
+    def __init__(self, root: Path, window: int, lowercase: bool, names: Sequence[str]) -> None:
+        _, tokenizer_cls = import_onnx_stack()
+        path = root / "tokenizer.json"
+        if not path.is_file():
+            raise ModelLoadFailed(
+                f"no tokenizer.json in {str(root)!r} (the ONNX engines need a fast tokenizer)",
+                error_class="NOT_FOUND",
+                permanent=True,
+            )
+        try:
+            counter, batcher = (
+                tokenizer_cls.from_file(str(path)),
+                tokenizer_cls.from_file(str(path)),
+            )
+        except Exception as exc:  # tokenizers raises its own Exception type
+            raise ModelLoadFailed(
+                f"cannot read {str(path)!r}: {exc}", error_class="UNKNOWN", permanent=True
+            ) from exc
+        counter.no_truncation()
+        counter.no_padding()
+        pad = batcher.padding or {}
+        pad_token = pad.get("pad_token") or _read_json(root / "tokenizer_config.json").get(
+            "pad_token"
+        )
+        if not isinstance(pad_token, str):
+            pad_token = "[PAD]"
+        pad_id = pad.get("pad_id")
+        if pad_id is None:
+            pad_id = batcher.token_to_id(pad_token) or 0
+        batcher.enable_truncation(max_length=window)
+        batcher.enable_padding(pad_id=pad_id, pad_token=pad_token)  # to the batch's longest
+        self.window = window
+        self.lowercase = lowercase
+        self.names = tuple(names)
+        self._counter = counter
+        self._batcher = batcher
+
+    def features(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        """The graph's inputs for ``texts``: int64 ``[len(texts), longest]`` each."""
+        if self.lowercase:
+            texts = [t.lower() for t in texts]
+        encs = self._batcher.encode_batch(list(texts))
+        fields = {
+            "input_ids": [e.ids for e in encs],
+            "attention_mask": [e.attention_mask for e in encs],
+            "token_type_ids": [e.type_ids for e in encs],
+        }
+        return {n: np.asarray(fields[n], dtype=np.int64) for n in self.names}
+
+    def counts(self, texts: Sequence[str]) -> list[int]:
+        """Each text's token count after truncation to the window (>= 1)."""
+        if self.lowercase:
+            texts = [t.lower() for t in texts]
+        return [max(1, min(self.window, len(e.ids))) for e in self._counter.encode_batch(texts)]
+
+    def _clip(self, text: str) -> str:
+        """A prefix of ``text`` that encodes exactly like it under truncation, else
+        ``text`` (``DenseEncoder._clip``: the words wholly inside a cut tokenise as in
+        the full text; once they fill the window the prefix is enough)."""
+        n = self.window * 32
+        while n < len(text):
+            words = self._counter.encode(text[:n], add_special_tokens=False).word_ids
+            last = words[-1] if words else None
+            if sum(1 for w in words if w != last) >= self.window:
+                return text[:n]
+            n *= 4
+        return text
+
+    def prepare(
+        self,
+        texts: Sequence[str],
+        *,
+        instruction: str | None,
+        is_query: bool,
+        options: Mapping[str, Any],
+    ) -> tuple[list[str], list[int]]:
+        """``EncodeEngine.prepare``: rendered (``sie.core.templates``), clipped texts and
+        their token counts."""
+        rendered = [render_input(t, instruction, is_query, options) for t in texts]
+        clipped = [self._clip(t) for t in rendered]
+        return clipped, self.counts(clipped)
+
+
+class Sessions:
+    """Sessions of one ONNX graph, sized per call (module docstring).
+
+    Args:
+        path: the ``.onnx`` file.
+        device: ``cpu`` or ``cuda[:n]``.
+        max_threads: the cores to share (default: this process's, ``cpu_cores()``).
+
+    Raises:
+        ModelLoadFailed: (UNKNOWN, permanent) onnxruntime cannot load the graph.
+    """
+
+    def __init__(self, path: Path, device: str = "cpu", max_threads: int | None = None) -> None:
+        self._ort, _ = import_onnx_stack()
+        self.path = path
+        self.device = device
+        self.max_threads = max(1, max_threads or cpu_cores())
+        self._providers = self._pick_providers(device)
+        self._lock = threading.Lock()
+        self._running = 0
+        self._by_threads: dict[int, Any] = {}
+        first = self._session(self.max_threads)
+        if self._on_cpu:
+            self._session(max(1, self.max_threads // 2))
+        self.input_names = tuple(i.name for i in first.get_inputs())
+        self.output_names = tuple(o.name for o in first.get_outputs())
+
+    @property
+    def _on_cpu(self) -> bool:
+        return self._providers == ["CPUExecutionProvider"]
+
+    def _pick_providers(self, device: str) -> list[Any]:
+        if not device.startswith("cuda"):
+            return ["CPUExecutionProvider"]
+        if "CUDAExecutionProvider" not in self._ort.get_available_providers():
+            log.warning("onnxruntime has no CUDA provider here; %s runs on the CPU", self.path)
+            return ["CPUExecutionProvider"]
+        _, _, idx = device.partition(":")
+        return [("CUDAExecutionProvider", {"device_id": int(idx or 0)}), "CPUExecutionProvider"]
+
+    def _session(self, threads: int) -> Any:
+        """The session with ``threads`` intra-op threads (built on first use)."""
+        threads = threads if self._on_cpu else self.max_threads
+        with self._lock:
+            got = self._by_threads.get(threads)
+        if got is not None:
+            return got
+        ort = self._ort
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        try:
+            session = ort.InferenceSession(
+                str(self.path), sess_options=opts, providers=self._providers
+            )
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise ModelLoadFailed(
+                f"onnxruntime cannot load {str(self.path)!r}: {exc}",
+                error_class="UNKNOWN",
+                permanent=True,
+            ) from exc
+        with self._lock:
+            return self._by_threads.setdefault(threads, session)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of weights the sessions hold (the graph's size on disk per session)."""
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return 0
+        return size * max(1, len(self._by_threads))
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The graph's first output for ``feeds`` (only the inputs the graph takes are
+        passed), on a session sized to the calls in flight.
+
+        Raises:
+            InferenceError: onnxruntime failed.
+        """
+        with self._lock:
+            self._running += 1
+            threads = max(1, self.max_threads // self._running)
+        try:
+            session = self._session(threads)
+            inputs = {n: feeds[n] for n in self.input_names}
+            return np.asarray(session.run(self.output_names[:1], inputs)[0])
+        except ModelLoadFailed as exc:
+            raise InferenceError(f"encode failed: {exc.message}") from exc
+        except Exception as exc:
+            raise InferenceError(f"encode failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            with self._lock:
+                self._running -= 1
