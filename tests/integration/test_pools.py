@@ -35,7 +35,7 @@ def test_the_pool_api_and_a_lease_that_runs_out(c: httpx.Client, stack: Stack) -
     pools = c.get("/v1/pools").json()["pools"]
     assert pools[0]["spec"]["name"] == "default" and pools[0]["status"]["state"] == "active"
     worker = stack.settings.worker_id
-    spec = {"name": "Lease-Test", "gpus": {"default": 1}, "ttl_seconds": 2}
+    spec = {"name": "Lease-Test", "gpus": {"default": 1}, "ttl_seconds": 3}
     r = c.post("/v1/pools", json=spec)
     assert r.status_code == 201, r.text
     info = r.json()

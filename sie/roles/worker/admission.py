@@ -104,12 +104,16 @@ class PoolAdmission:
             return "run"
         if admits(self._pools.get(name), self.me, self.clock()):
             return "run"
-        if time.monotonic() - self._read_at >= _MIN_REREAD_S:
-            await self.refresh()  # a pool created or reassigned since the last reading
+        fresh = time.monotonic() - self._read_at >= _MIN_REREAD_S
+        if fresh:
+            await self.refresh()  # a pool created, renewed or reassigned since then
             if admits(self._pools.get(name), self.me, self.clock()):
                 return "run"
         pool = self._pools.get(name)
-        return "gone" if pool is None or pool.expired(self.clock()) else "elsewhere"
+        if pool is None or pool.expired(self.clock()):
+            # only a fresh reading may say a pool is gone; until then, retry (NAK)
+            return "gone" if fresh else "elsewhere"
+        return "elsewhere"
 
     async def admits(self, admission_pool: str | None) -> bool:
         """Whether this worker may run an item of ``admission_pool``."""
