@@ -9,6 +9,8 @@ import os
 import shutil
 from pathlib import Path
 
+from sie.core.wire import WorkItem
+
 __all__ = ["build_untrained_gliner"]
 
 _MARKER = "gliner_config.json"
@@ -56,3 +58,34 @@ def _move_into(src: Path, dst: Path) -> None:
     for entry in src.iterdir():
         entry.rename(dst / entry.name)
     src.rmdir()
+
+
+def encode_item(
+    request_id: str,
+    index: int,
+    total: int,
+    text: str,
+    *,
+    machine_profile: str,
+    router_id: str,
+    reply_subject: str,
+    admission_pool: str | None = None,
+) -> WorkItem:
+    """One MiniLM encode work item of the ``default`` pool, as a gateway would publish
+    it on ``sie.work.default.{machine_profile}.default.{model}``."""
+    return WorkItem(
+        work_item_id=f"{request_id}.{index}",
+        request_id=request_id,
+        item_index=index,
+        total_items=total,
+        operation="encode",
+        model_id="sentence-transformers/all-MiniLM-L6-v2",
+        profile_id="default",
+        pool_name="default",
+        admission_pool=admission_pool,
+        machine_profile=machine_profile,
+        router_id=router_id,
+        reply_subject=reply_subject,
+        item={"text": text},
+        output_types=["dense"],
+    )

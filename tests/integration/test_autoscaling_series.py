@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from sie.core.subjects import work_subject
-from sie.core.wire import WorkItem
 from sie.transport.nats import NatsBus
+from tests.builders import encode_item
 from tests.conftest import MINILM, run_stack, wait_for
 
 pytestmark = pytest.mark.slow
@@ -57,20 +57,14 @@ def test_lane_queue_depth_follows_a_backlog_and_drains_to_zero(nats_server: Any)
         async def backlog(n: int) -> None:
             async with NatsBus(nats_server.url) as bus:
                 for i in range(n):
-                    item = WorkItem(
-                        work_item_id=f"backlog.{i}",
-                        request_id="backlog",
-                        item_index=i,
-                        total_items=n,
-                        operation="encode",
-                        model_id=MINILM,
-                        profile_id="default",
-                        pool_name="default",
+                    item = encode_item(
+                        "backlog",
+                        i,
+                        n,
+                        f"waiting for an a100 {i}",
                         machine_profile="a100",
                         router_id="backlog-test",
                         reply_subject="_INBOX.backlog-test.backlog",
-                        item={"text": f"waiting for an a100 {i}"},
-                        output_types=["dense"],
                     )
                     subject = work_subject(*A100, MINILM)
                     await bus.js_publish(subject, item.to_bytes(), msg_id=item.work_item_id)

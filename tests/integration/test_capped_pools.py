@@ -7,7 +7,6 @@ the warm floor and the pinned-model snapshot."""
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 import anyio
@@ -15,8 +14,9 @@ import httpx
 import pytest
 
 from sie.core.subjects import inbox_subject, work_subject
-from sie.core.wire import WorkItem, WorkResult
+from sie.core.wire import WorkResult
 from sie.transport.nats import NatsBus
+from tests.builders import encode_item
 from tests.conftest import MINILM, run_stack, wait_for
 
 pytestmark = pytest.mark.slow
@@ -102,22 +102,15 @@ def test_a_capped_pool_runs_on_its_assigned_worker_only(nats_server: Any) -> Non
                 reply = inbox_subject("capped-test", "req-1")
                 sub = await bus.subscribe(reply)
                 for i in range(n):
-                    item = WorkItem(
-                        work_item_id=f"req-1.{i}",
-                        request_id="req-1",
-                        item_index=i,
-                        total_items=n,
-                        operation="encode",
-                        model_id=MINILM,
-                        profile_id="default",
-                        pool_name="default",
-                        admission_pool="capped",
+                    item = encode_item(
+                        "req-1",
+                        i,
+                        n,
+                        f"queued for the pool {i}",
                         machine_profile="l4",
                         router_id="capped-test",
                         reply_subject=reply,
-                        timestamp=time.time(),
-                        item={"text": f"queued for the pool {i}"},
-                        output_types=["dense"],
+                        admission_pool="capped",
                     )
                     subject = work_subject("default", "l4", "default", MINILM)
                     await bus.js_publish(subject, item.to_bytes(), msg_id=item.work_item_id)
