@@ -211,3 +211,23 @@ class OnnxEncoderBase:
         if len(texts) <= 8:
             return [list(range(len(texts)))]
         return plan_padding_chunks(lengths or inputs.counts(texts))
+
+    def _encode_pairs(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        instruction: str | None,
+        options: Mapping[str, Any],
+        output: str,
+        encode_options: Mapping[str, Any],
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``score``'s inputs: each distinct query (rendered with ``is_query`` and the
+        instruction) and each distinct doc encoded once, in one call, as ``output``;
+        returns (query → vector, doc → vector)."""
+        queries = sorted({q for q, _ in pairs})
+        docs = sorted({d for _, d in pairs})
+        q_in, _ = self.prepare(queries, instruction=instruction, is_query=True, options=options)
+        d_in, _ = self.prepare(docs, instruction=None, is_query=False, options=options)
+        encode: Any = getattr(self, "encode")  # noqa: B009 - each engine defines it
+        vecs = encode([*q_in, *d_in], output_types=(output,), options=encode_options)[output]
+        n = len(queries)
+        return dict(zip(queries, vecs[:n], strict=True)), dict(zip(docs, vecs[n:], strict=True))

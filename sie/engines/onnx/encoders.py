@@ -152,11 +152,5 @@ class OnnxDenseEncoder(OnnxEncoderBase):
     ) -> list[float]:
         """Bi-encoder relevance as ``DenseEncoder.score``: the cosine of the query's
         (rendered with ``is_query``) and each doc's dense vectors."""
-        queries = sorted({q for q, _ in pairs})
-        docs = sorted({d for _, d in pairs})
-        q_in, _ = self.prepare(queries, instruction=instruction, is_query=True, options=options)
-        d_in, _ = self.prepare(docs, instruction=None, is_query=False, options=options)
-        unit = self.encode([*q_in, *d_in], output_types=("dense",), options={"normalize": True})
-        qv = dict(zip(queries, unit["dense"][: len(queries)], strict=True))
-        dv = dict(zip(docs, unit["dense"][len(queries) :], strict=True))
+        qv, dv = self._encode_pairs(pairs, instruction, options, "dense", {"normalize": True})
         return [float(np.clip(np.dot(qv[q], dv[d]), -1.0, 1.0)) for q, d in pairs]

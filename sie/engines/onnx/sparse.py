@@ -172,12 +172,7 @@ class OnnxSparseEncoder(OnnxEncoderBase):
     ) -> list[float]:
         """Sparse relevance as ``SparseEncoder.score``: the dot product of the query's
         (rendered with ``is_query``) and the doc's SPLADE weights."""
-        queries = sorted({q for q, _ in pairs})
-        docs = sorted({d for _, d in pairs})
-        q_in, _ = self.prepare(queries, instruction=instruction, is_query=True, options=options)
-        d_in, _ = self.prepare(docs, instruction=None, is_query=False, options=options)
-        vecs = self.encode([*q_in, *d_in], output_types=("sparse",), options=options)["sparse"]
-        weights = [dict(zip(i.tolist(), v.tolist(), strict=True)) for i, v in vecs]
-        qd = dict(zip(queries, weights[: len(queries)], strict=True))
-        dd = dict(zip(docs, weights[len(queries) :], strict=True))
+        qv, dv = self._encode_pairs(pairs, instruction, options, "sparse", options)
+        qd = {q: dict(zip(i.tolist(), v.tolist(), strict=True)) for q, (i, v) in qv.items()}
+        dd = {d: dict(zip(i.tolist(), v.tolist(), strict=True)) for d, (i, v) in dv.items()}
         return [float(sum(w * dd[d].get(k, 0.0) for k, w in qd[q].items())) for q, d in pairs]
