@@ -10,9 +10,10 @@
 3. the float32 graph is found or exported (``sie.engines.onnx.graphs.fp32_graph``,
    cached under ``SIE_MODEL_CACHE_DIR``) and opened (``Sessions``);
 4. its outputs must match the reference's on the parity probes within cosine
-   0.99999 (``sie.engines.onnx.checks.check_parity``);
+   0.99999 (``sie.engines.onnx.checks.check_parity``; hook ``_check_parity``);
 5. with ``compute_precision: int8``, the int8 graph is made (cached beside) and must
-   keep the int8 bound against float32 on ``INT8_PROBES``; it then serves, one text
+   keep the int8 bound against float32 on ``INT8_PROBES`` (hooks ``_int8_bounds``,
+   ``_gate_vectors``, ``_check_int8``); it then serves, one text
    per session call (dynamic quantisation scales activations by the whole input
    tensor's range: in a padded batch a text's vector would depend on its neighbours,
    cosine 0.987-0.993 to the same text alone on MiniLM).
@@ -41,7 +42,7 @@ from sie.engines.onnx.checks import (
     parity_probes,
 )
 from sie.engines.onnx.graphs import export_module, fp32_graph, int8_graph, precision
-from sie.engines.onnx.runtime import INPUT_NAMES, Sessions, TextInputs
+from sie.engines.onnx.runtime import INPUT_NAMES, Sessions, TextInputs, Texts
 from sie.engines.options import loadtime_positive_int
 from sie.engines.runtime.batching import plan_padding_chunks
 from sie.engines.runtime.threads import cpu_cores
@@ -67,6 +68,8 @@ class OnnxEncoderBase:
     #: Whether a ``model.onnx`` the weights ship may serve (its one output must be what
     #: this engine exports).
     shipped_graphs = True
+    #: The task named when a probe call on a loaded graph fails.
+    task = "encode"
 
     def __init__(
         self,
@@ -112,6 +115,27 @@ class OnnxEncoderBase:
         """``[n, d]`` vectors the int8 gate compares."""
         raise NotImplementedError
 
+    def _check_parity(self, reference: Any, window: int) -> str:
+        """Check the float32 graph against ``reference`` (raises ``ModelLoadFailed``
+        CONFIG); what it measured, for the load's log line. Default: ``check_parity``
+        on ``parity_probes``, the worst cosine kept in ``parity_cosine``."""
+        self.parity_cosine = check_parity(
+            self.config.sie_id,
+            lambda texts: self._reference_outputs(reference, texts),
+            self._check_outputs,
+            parity_probes(window),
+        )
+        return f"parity cosine {self.parity_cosine:.7f}"
+
+    def _int8_bounds(self, loadtime: Mapping[str, Any]) -> Any:
+        """The int8 bound from the profile's loadtime options (raises CONFIG)."""
+        return Int8Bounds.from_loadtime(loadtime, self.config.sie_id)
+
+    def _check_int8(self, want: np.ndarray, got: np.ndarray, bounds: Any) -> Any:
+        """Measure int8 (``got``) against float32 (``want``) from ``_gate_vectors``;
+        raises ``ModelLoadFailed`` CONFIG under ``bounds``."""
+        return check_int8(self.config.sie_id, want, got, bounds)
+
     # -- load -------------------------------------------------------------------------
 
     def load(self) -> None:
@@ -126,7 +150,7 @@ class OnnxEncoderBase:
         sie_id, loadtime = self.config.sie_id, self.profile.loadtime
         self.precision = precision(self.profile, sie_id)
         threads = loadtime_positive_int(loadtime, "intra_op_num_threads", cpu_cores(), sie_id)
-        bounds = Int8Bounds.from_loadtime(loadtime, sie_id)
+        bounds = self._int8_bounds(loadtime)
         root = resolve_weights(self.config)
         self._read_pipeline(root)
         reference = load_st_model(self.config, self.profile, "cpu", self.st_class)
@@ -152,26 +176,23 @@ class OnnxEncoderBase:
             allow_shipped=self.shipped_graphs,
         )
         self._inputs, self._sessions = inputs, Sessions(fp32, self.device, threads)
-        self.parity_cosine = check_parity(
-            sie_id,
-            lambda texts: self._reference_outputs(reference, texts),
-            self._check_outputs,
-            parity_probes(window),
-        )
+        parity = self._check_parity(reference, window)
         path = fp32
         if self.precision == "int8":
             want = self._gate_vectors(list(INT8_PROBES))
             path = int8_graph(fp32, shipped, self.model_cache_dir, sie_id)
             self._sessions, self._per_text = Sessions(path, self.device, threads), True
-            got = probe_loaded(self.config, "encode", lambda: self._gate_vectors(list(INT8_PROBES)))
-            self.int8_quality = check_int8(sie_id, want, got, bounds)
+            got = probe_loaded(
+                self.config, self.task, lambda: self._gate_vectors(list(INT8_PROBES))
+            )
+            self.int8_quality = self._check_int8(want, got, bounds)
         self.graph_path = path
         log.info(
-            "%s: ONNX %s graph %s (parity cosine %.7f%s)",
+            "%s: ONNX %s graph %s (%s%s)",
             sie_id,
             self.precision,
             path.name,
-            self.parity_cosine,
+            parity,
             f", int8 {self.int8_quality}" if self.int8_quality else "",
         )
 
@@ -181,6 +202,13 @@ class OnnxEncoderBase:
 
     def memory_bytes(self) -> int:
         return self._sessions.nbytes if self._sessions is not None else 0
+
+    @property
+    def gains_from_batching(self) -> bool:
+        """False for int8 (one text per session call): the batcher then sends each item
+        as soon as an engine slot is free instead of waiting for company
+        (``sie.engines.runtime.batching``)."""
+        return not self._per_text
 
     # -- serving ----------------------------------------------------------------------
 
@@ -202,7 +230,7 @@ class OnnxEncoderBase:
         inputs, _ = self._loaded()
         return inputs.prepare(texts, instruction=instruction, is_query=is_query, options=options)
 
-    def _chunks(self, texts: Sequence[str], lengths: Sequence[int] | None) -> list[list[int]]:
+    def _chunks(self, texts: Texts, lengths: Sequence[int] | None) -> list[list[int]]:
         """One text per call for int8 (module docstring); else length-bucketed forward
         passes (``plan_padding_chunks``): less padding, same vectors."""
         inputs, _ = self._loaded()

@@ -351,7 +351,10 @@ class ModelCache:
                 self._call_threads.wrap(self._run_batch(engine)),
                 max_batch_tokens=entry.profile.max_batch_tokens,
                 max_batch_requests=self._max_batch_requests,
-                max_wait_s=self._max_batch_wait_s,
+                # an engine that runs one text per call gains nothing by waiting for company
+                max_wait_s=(
+                    self._max_batch_wait_s if getattr(engine, "gains_from_batching", True) else 0.0
+                ),
                 limiter=limiter,
                 on_batch=(lambda n, c, s: on_batch(entry.model_id, n, c, s)) if on_batch else None,
                 span_attributes={
