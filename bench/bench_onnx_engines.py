@@ -15,12 +15,16 @@ prints each ONNX engine's load checks (parity cosine, int8 quality). A benchmark
 test. Usage:
 
     .venv/bin/python bench/bench_onnx_engines.py --seconds 3 --rounds 2
+    .venv/bin/python bench/bench_onnx_engines.py --profiles onnx --json out.json
+
+``bench_peers.py`` runs it (``--profiles onnx,onnx-int8``) for its raw-engine rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import logging
 import sys
 import threading
@@ -106,10 +110,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cache", default=None, help="SIE_MODEL_CACHE_DIR for the ONNX export")
+    ap.add_argument("--profiles", default=",".join(PROFILES), help="comma-separated subset")
+    ap.add_argument("--json", default=None, help="also write {profile: {mode: rate}} here")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     texts = corpus(512)
-    engines = {p: load(p, args.cache) for p in PROFILES}
+    profiles = [p for p in args.profiles.split(",") if p]
+    engines = {p: load(p, args.cache) for p in profiles}
     best: dict[tuple[str, str], float] = {}
     for _ in range(args.rounds):
         for name, bs, calls in MODES:
@@ -118,10 +125,14 @@ def main() -> None:
                 best[(p, name)] = max(best.get((p, name), 0.0), rate)
     print(f"\nsentences/s, best of {args.rounds} rounds of {args.seconds:g}s")
     print(f"{'':12s}" + "".join(f"{m:>12s}" for m, _, _ in MODES))
-    for p in PROFILES:
+    for p in profiles:
         row = "".join(f"{best[(p, m)]:12.0f}" for m, _, _ in MODES)
-        ratio = best[(p, "bs 32")] / best[("default", "bs 32")]
-        print(f"{p:12s}{row}   ({ratio:.2f}x torch at bs 32)")
+        torch = best.get(("default", "bs 32"))
+        ratio = f"   ({best[(p, 'bs 32')] / torch:.2f}x torch at bs 32)" if torch else ""
+        print(f"{p:12s}{row}{ratio}")
+    if args.json:
+        out = {p: {m: round(best[(p, m)], 1) for m, _, _ in MODES} for p in profiles}
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

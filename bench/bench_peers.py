@@ -14,7 +14,10 @@ Each gets the same ``POST /v1/embeddings`` body shape and texts (8-20 words) fro
 closed-loop load generator (``_embeddings_load.py``) at 1, 8 and 32 connections x 1
 text and 4 connections x 32 texts, for ``--seconds`` each after ``--warmup`` (and, once
 per server before the first, every load for ``--server-warmup`` in all). One table
-follows, each row with its ratio to SIE torch at the same load; the results also go to
+follows, each row with its ratio to SIE torch at the same load, then the raw ONNX
+float32 and int8 engines alone (``bench_onnx_engines.py`` in a child process, after the
+servers: sentences/s at bs 1, bs 32, 2 x bs 32) and issue 16's ratios (``--no-raw``
+skips the raw rows); the results also go to
 ``.cache/bench-peers/last.json``. A server that fails to start or to answer a probe is
 a row with its error (its log is in ``.cache/bench-peers/logs/``).
 
@@ -492,7 +495,49 @@ def table(servers: list[Server]) -> str:
     return "\n".join(lines)
 
 
-def checks(servers: list[Server]) -> list[str]:
+def raw_engines(args: argparse.Namespace) -> dict[str, Any]:
+    """The engines alone, in a child process (``bench_onnx_engines.py``): sentences/s of
+    the ONNX float32 and int8 engines at bs 1, bs 32 and 2 x bs 32, best of the round
+    (``{"onnx": {"bs 1": ..}, ...}``; ``{"error": ...}`` when it failed)."""
+    out = CACHE / "raw-engines.json"
+    out.unlink(missing_ok=True)
+    cmd = [
+        sys.executable,
+        str(BENCH / "bench_onnx_engines.py"),
+        "--profiles",
+        "onnx,onnx-int8",
+        "--seconds",
+        str(max(1.0, args.seconds / 2)),
+        "--rounds",
+        "2",
+        "--json",
+        str(out),
+    ]
+    LOGS.mkdir(parents=True, exist_ok=True)
+    log = LOGS / "raw-engines.log"
+    with log.open("w") as f:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=offline_env())
+    if rc.returncode or not out.exists():
+        return {"error": f"bench_onnx_engines failed: {_log_tail(log)}"}
+    data: dict[str, Any] = json.loads(out.read_text())
+    return data
+
+
+def raw_table(raw: dict[str, Any]) -> str:
+    if "error" in raw:
+        return f"raw engines: {raw['error']}"
+    modes = list(next(iter(raw.values())))
+    lines = [
+        "| raw engine, sentences/s | " + " | ".join(modes) + " | best |",
+        "|---|" + "---|" * (len(modes) + 1),
+    ]
+    for name, rates in raw.items():
+        cells = " | ".join(f"{rates[m]:.0f}" for m in modes)
+        lines.append(f"| {name} | {cells} | {max(rates.values()):.0f} |")
+    return "\n".join(lines)
+
+
+def checks(servers: list[Server], raw: dict[str, Any] | None = None) -> list[str]:
     """Issue 16's acceptance ratios that this run can speak to."""
     by = {s.key: s.result.get("loads", {}) for s in servers}
 
@@ -506,6 +551,14 @@ def checks(servers: list[Server]) -> list[str]:
         if a and b:
             out.append(
                 f"SIE ONNX int8 / infinity ONNX at {label}: {a / b:.2f}x (issue asks >= {bound}x)"
+            )
+    for key, profile in (("sie-onnx", "onnx"), ("sie-onnx-int8", "onnx-int8")):
+        served, engine = rate(key, "32x1"), (raw or {}).get(profile)
+        if served and isinstance(engine, dict) and engine:
+            best = max(engine.values())
+            out.append(
+                f"{key} at 32x1 / the raw {profile} engine at its best: "
+                f"{served / best:.2f}x" + (" (issue asks >= 0.9x)" if profile == "onnx" else "")
             )
     for s in servers:
         r = s.result.get("loads", {}).get("32x1", {})
@@ -547,6 +600,7 @@ def main() -> None:
         help="comma-separated subset of: " + ",".join(s.key for s in all_servers()),
     )
     ap.add_argument("--client-procs", type=int, default=1, help="load generator processes")
+    ap.add_argument("--no-raw", action="store_true", help="skip the raw-engine rows")
     args = ap.parse_args()
     if args.quick:
         args.seconds, args.warmup, args.server_warmup = 2.0, 1.0, 4.0
@@ -576,9 +630,16 @@ def main() -> None:
             reference = vectors
         if "error" in server.result:
             print(f"  FAILED: {server.result['error']}", flush=True)
+    raw: dict[str, Any] = {}
+    if not args.no_raw:
+        print("raw ONNX engines (bench_onnx_engines.py) ...", flush=True)
+        raw = raw_engines(args)
     print()
     print(table(servers))
-    for line in checks(servers):
+    if raw:
+        print()
+        print(raw_table(raw))
+    for line in checks(servers, raw):
         print(line)
     for s in servers:
         if "note" in s.result:
@@ -592,7 +653,8 @@ def main() -> None:
         "loads": [f"{c}x{t}" for c, t in LOADS],
         "machine": {**started_at, "loadavg_end": os.getloadavg()},
         "servers": {s.key: s.result for s in servers},
-        "checks": checks(servers),
+        "raw_engines": raw,
+        "checks": checks(servers, raw),
     }
     (CACHE / "last.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nresults: {(CACHE / 'last.json').relative_to(ROOT)}")
