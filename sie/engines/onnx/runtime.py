@@ -6,6 +6,10 @@ longest text of a batch and truncates to the window (``longest_first``, right), 
 copy counts tokens (no padding, no truncation). Both are only read afterwards, so
 concurrent calls are safe. ``prepare`` renders templates and bounds long inputs as
 ``DenseEncoder.prepare`` does (docs/api.md §10: a huge input costs a bounded amount).
+``features`` and ``counts`` take ``(query, doc)`` pairs too (a cross-encoder's input:
+one sequence with ``token_type_ids`` 0 then 1, the pair truncated longest-first to the
+window, as the transformers tokenizer does for ``CrossEncoder``); ``clip_pairs``
+bounds a pair's two sides.
 
 ``Sessions``: ``onnxruntime.InferenceSession``s of one graph, graph optimisation
 ``ORT_ENABLE_ALL``, ``CPUExecutionProvider`` (``CUDAExecutionProvider`` first when the
@@ -40,12 +44,15 @@ from sie.core.errors import InferenceError, ModelLoadFailed
 from sie.core.templates import render_input
 from sie.engines.runtime.threads import cpu_cores
 
-__all__ = ["INPUT_NAMES", "Sessions", "TextInputs", "import_onnx_stack"]
+__all__ = ["INPUT_NAMES", "Sessions", "TextInputs", "Texts", "import_onnx_stack"]
 
 log = logging.getLogger(__name__)
 
 #: The inputs an encoder graph may take (int64 ``[batch, seq]``), in export order.
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+
+#: What the tokenisation takes: single texts, or ``(query, doc)`` pairs.
+Texts = Sequence[str] | Sequence[tuple[str, str]]
 
 
 def import_onnx_stack() -> tuple[Any, Any]:
@@ -125,11 +132,15 @@ class TextInputs:
         self._counter = counter
         self._batcher = batcher
 
-    def features(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        """The graph's inputs for ``texts``: int64 ``[len(texts), longest]`` each."""
-        if self.lowercase:
-            texts = [t.lower() for t in texts]
-        encs = self._batcher.encode_batch(list(texts))
+    def _lowered(self, texts: Texts) -> list[Any]:
+        """``texts`` as the tokenizer takes them (lower-cased when the pipeline says so)."""
+        if not self.lowercase:
+            return list(texts)
+        return [t.lower() if isinstance(t, str) else (t[0].lower(), t[1].lower()) for t in texts]
+
+    def features(self, texts: Texts) -> dict[str, np.ndarray]:
+        """The graph's inputs for ``texts`` (or pairs): int64 ``[len(texts), longest]`` each."""
+        encs = self._batcher.encode_batch(self._lowered(texts))
         fields = {
             "input_ids": [e.ids for e in encs],
             "attention_mask": [e.attention_mask for e in encs],
@@ -137,11 +148,10 @@ class TextInputs:
         }
         return {n: np.asarray(fields[n], dtype=np.int64) for n in self.names}
 
-    def counts(self, texts: Sequence[str]) -> list[int]:
-        """Each text's token count after truncation to the window (>= 1)."""
-        if self.lowercase:
-            texts = [t.lower() for t in texts]
-        return [max(1, min(self.window, len(e.ids))) for e in self._counter.encode_batch(texts)]
+    def counts(self, texts: Texts) -> list[int]:
+        """Each text's (or pair's) token count after truncation to the window (>= 1)."""
+        encs = self._counter.encode_batch(self._lowered(texts))
+        return [max(1, min(self.window, len(e.ids))) for e in encs]
 
     def _clip(self, text: str) -> str:
         """A prefix of ``text`` that encodes exactly like it under truncation, else
@@ -155,6 +165,13 @@ class TextInputs:
                 return text[:n]
             n *= 4
         return text
+
+    def clip_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Each side of each pair clipped as ``_clip``: longest-first truncation keeps
+        at most the window of either side, and its outcome depends on a side's length
+        only up to the window, so a side cut to a prefix that fills the window
+        tokenises and truncates as the whole side would."""
+        return [(self._clip(q), self._clip(d)) for q, d in pairs]
 
     def prepare(
         self,
