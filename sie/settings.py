@@ -148,6 +148,11 @@ class ServeSettings(BaseModel):
     log_json: bool = False
     access_log_sample: float = Field(default=1.0, ge=0.0, le=1.0)
     tracing_enabled: bool = False
+    # drop-in routes (docs/api.md §15): the model a TEI- or Cohere-shaped request without
+    # a ``model`` field runs on (None: such a request is 400 naming the setting)
+    default_embed_model: str | None = None
+    default_sparse_model: str | None = None
+    default_rerank_model: str | None = None
     # config authority (architecture §3, §9, §13 "Config service")
     config_store_dir: str | None = None
     config_restore: bool = False
@@ -418,6 +423,9 @@ ENV_VARS: dict[str, str] = {
     "SIE_LOG_JSON": "log_json",
     "SIE_ACCESS_LOG_SAMPLE": "access_log_sample",
     "SIE_TRACING_ENABLED": "tracing_enabled",
+    "SIE_DEFAULT_EMBED_MODEL": "default_embed_model",
+    "SIE_DEFAULT_SPARSE_MODEL": "default_sparse_model",
+    "SIE_DEFAULT_RERANK_MODEL": "default_rerank_model",
     "SIE_CONFIG_STORE_DIR": "config_store_dir",
     "SIE_CONFIG_RESTORE": "config_restore",
     "SIE_CONFIG_PRODUCER_ID": "config_producer_id",

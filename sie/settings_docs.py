@@ -126,6 +126,18 @@ ENV_DOCS: dict[str, EnvDoc] = {
     "SIE_TRACING_ENABLED": EnvDoc(
         '`true`: export spans over OTLP/HTTP to `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (else `OTEL_EXPORTER_OTLP_ENDPOINT` + `/v1/traces`), as `OTEL_SERVICE_NAME`, sampled by `OTEL_TRACES_SAMPLER(_ARG)` (default parent-based ratio 1.0); needs the `tracing` extra ([observability.md](observability.md) "Traces")'
     ),
+    "SIE_DEFAULT_EMBED_MODEL": EnvDoc(
+        "gateway: the model TEI's `/embed` (and `/info`) use when the body names none ([api.md](api.md) §15)",
+        unset="such a request is 400 naming this setting",
+    ),
+    "SIE_DEFAULT_SPARSE_MODEL": EnvDoc(
+        "gateway: the model TEI's `/embed_sparse` uses when the body names none ([api.md](api.md) §15)",
+        unset="such a request is 400 naming this setting",
+    ),
+    "SIE_DEFAULT_RERANK_MODEL": EnvDoc(
+        "gateway: the model `/v1/rerank`, `/v2/rerank` and TEI's `/rerank` use when the body names none ([api.md](api.md) §15)",
+        unset="such a request is 400 naming this setting",
+    ),
     "SIE_GATEWAY_MAX_STREAM_PENDING": EnvDoc(
         "gateway: 503 `QUEUE_FULL` (Retry-After 5) when the pool's work stream holds this many items"
     ),

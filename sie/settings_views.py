@@ -116,6 +116,9 @@ class GatewaySettings(SettingsView):
     direct_fallback_s: float
     max_pools: int
     access_log_sample: float
+    default_embed_model: str | None
+    default_sparse_model: str | None
+    default_rerank_model: str | None
 
 
 class WorkerSettings(SettingsView):

@@ -22,8 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sie.core.errors import ModelNotFound, echo
 from sie.core.registry import RegistrySnapshot
+from sie.core.suggest import model_not_found
 
 __all__ = ["WorkerAck", "worker_ack_status"]
 
@@ -49,7 +49,7 @@ def worker_ack_status(
     """
     cfg = snap.configs.get(model_id)
     if cfg is None:
-        raise ModelNotFound(f"model {echo(model_id)!r} not found", model=model_id)
+        raise model_not_found(model_id, snap.configs)
     pool = cfg.effective_pool
     healthy = [w for w in workers if w.healthy and w.pool.lower() == pool]
     rows = []

@@ -22,8 +22,9 @@ import anyio.to_thread
 from anyio.lowlevel import RunVar
 
 from sie.core.config import DEFAULT_PROFILE, dump_yaml
-from sie.core.errors import BundleConflict, BundleNotFound, InvalidInput, ModelNotFound, echo
+from sie.core.errors import BundleConflict, BundleNotFound, InvalidInput, echo
 from sie.core.registry import SOURCE_FILESYSTEM, RegistrySnapshot
+from sie.core.suggest import model_not_found
 
 __all__ = [
     "YAML_DUMP_THREADS",
@@ -79,7 +80,7 @@ def model_yaml(snap: RegistrySnapshot, model_id: str) -> str:
         ModelNotFound: 404.
     """
     if model_id not in snap.configs:
-        raise ModelNotFound(f"model {echo(model_id)!r} not found", model=model_id)
+        raise model_not_found(model_id, snap.configs)
     return snap.config_yaml(model_id)
 
 
@@ -91,7 +92,7 @@ async def model_yaml_async(snap: RegistrySnapshot, model_id: str) -> str:
         ModelNotFound: 404.
     """
     if model_id not in snap.configs:
-        raise ModelNotFound(f"model {echo(model_id)!r} not found", model=model_id)
+        raise model_not_found(model_id, snap.configs)
     cached = snap.cached_config_yaml(model_id)
     if cached is not None:
         return cached
@@ -173,7 +174,7 @@ def resolve(snap: RegistrySnapshot, body: Any) -> dict[str, Any]:
     base, _, profile = model.partition(":")
     entry = snap.entries.get(base if profile in ("", DEFAULT_PROFILE) else model)
     if entry is None:
-        raise ModelNotFound(f"model {echo(model)!r} not found", model=model)
+        raise model_not_found(model, snap.entries)
     compatible = list(entry.bundles)
     resolved = compatible[0]
     if bundle is not None:

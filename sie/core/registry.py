@@ -36,6 +36,7 @@ from sie.core.hashing import (
 )
 from sie.core.merge import MergeResult, document_of, merge_model_write
 from sie.core.subjects import normalize_model_id
+from sie.core.suggest import model_not_found
 
 __all__ = [
     "SOURCE_API",
@@ -419,7 +420,7 @@ class ModelRegistry:
         if entry is None and model_id.endswith(":" + DEFAULT_PROFILE):
             entry = self._snapshot.entries.get(model_id[: -len(DEFAULT_PROFILE) - 1])
         if entry is None:
-            raise ModelNotFound(f"model {echo(model_id)!r} not found", model=model_id)
+            raise model_not_found(model_id, self._snapshot.entries)  # names the closest ids
         if bundle is None:
             return entry, entry.bundle
         if bundle not in entry.bundles:

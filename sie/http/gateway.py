@@ -8,7 +8,7 @@ Routes:
     POST /v1/chat/completions, /v1/completions, /v1/generate/{model}: generation
                                    (sie.http.generation)
     GET  /v1/models                {"object": "list", "data": [OpenAI model], "models": [ModelInfo]}
-    GET  /v1/models/{model:path}   ModelInfo (docs/api.md §7); 404 MODEL_NOT_FOUND
+    GET  /v1/models/{model:path}   OpenAI model object + ModelInfo (docs/api.md §7); 404 MODEL_NOT_FOUND
     GET  /healthz                  liveness, text ``ok``
     GET  /readyz                   ``ok`` while serving; 503 ``draining`` during shutdown (§4)
     GET  /health                   workers and their loaded models (JSON)
@@ -17,6 +17,8 @@ Routes:
     GET  /                         the operator's status page (sie.http.status)
     GET  /v1/cluster/status        workers, models, pools, lanes, capacity (JSON, docs/api.md §13)
     WS   /ws/cluster-status        the same, pushed on connect and on every change
+    /v1/rerank, /v2/rerank, /embed, /embed_sparse, /rerank, /info, /version, and
+    /v1/{encode,score,extract} with the model in the body: drop-in routes (sie.http.dropin)
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from sie.core.ids import uuid7
 from sie.core.registry import ModelEntry
 from sie.http.access import AccessLog
 from sie.http.auth import AuthMiddleware, AuthPolicy, gateway_decision
+from sie.http.compat import openai_lookup_error
+from sie.http.dropin import dropin_refusal, dropin_routes
 from sie.http.errors import (
     EXCEPTION_HANDLERS,
     OPENAI_PATHS,
@@ -127,9 +131,16 @@ async def list_models(request: Request) -> Response:
 
 
 async def get_model(request: Request) -> Response:
+    """The OpenAI model object (``models.retrieve(id).id``) with ModelInfo's fields
+    beside it; a 404 in OpenAI's envelope beside SIE's ``detail`` (docs/api.md §7)."""
     gateway: GatewayRole = request.app.state.gateway
-    entry, _ = gateway.registry.resolve(request.path_params["model"])
-    return JSONResponse(model_info(entry, gateway))
+    try:
+        entry, _ = gateway.registry.resolve(request.path_params["model"])
+    except SieError as exc:
+        return openai_lookup_error(exc)
+    created = int(gateway.started_at)
+    openai = {"id": entry.model_id, "object": "model", "created": created, "owned_by": "sie"}
+    return JSONResponse({**openai, **model_info(entry, gateway)})
 
 
 async def healthz(request: Request) -> Response:
@@ -228,6 +239,8 @@ async def config_resolve(request: Request) -> Response:
 
 def _refuse(scope: Scope, err: SieError) -> Response:
     path = str(scope.get("path", ""))
+    if (dropin := dropin_refusal(path, err)) is not None:
+        return dropin
     if path.startswith(OPENAI_PATHS):
         return openai_error(err)
     return sie_error_response(err)
@@ -271,6 +284,7 @@ def build_gateway_app(
             Route("/metrics", metrics_endpoint, methods=["GET"]),
             *pool_routes(),
             *status_routes(),
+            *dropin_routes(),  # Cohere/Jina, TEI, /version, model in the body (docs/api.md §15)
         ],
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[

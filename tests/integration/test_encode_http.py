@@ -158,12 +158,21 @@ def test_models_endpoints(client: httpx.Client) -> None:
     }
     missing = client.get("/v1/models/nope/nothing")
     assert missing.status_code == 404
+    # SIE's detail beside OpenAI's error (docs/api.md §7); nothing is close to this id
     assert missing.json() == {
         "detail": {
             "code": "MODEL_NOT_FOUND",
             "message": "model 'nope/nothing' not found",
             "model": "nope/nothing",
-        }
+            "suggestions": [],
+        },
+        "error": {
+            "message": "model 'nope/nothing' not found",
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
+            "suggestions": [],
+        },
     }
 
 
