@@ -3,6 +3,8 @@
     sie serve [--roles gateway,config,worker] [--bus memory|nats] [--host H] [--port P]
               [--config-port P] [--models-dir D] [--bundles-dir D] [--preload MODEL ...]
     sie version
+    sie models | encode | score | config apply|status | pools list|get|create|delete
+                                    client commands on the SDK (sie.cli_client, docs/sdk.md)
 
 SIGINT/SIGTERM: stop accepting, drain in-flight requests (``SIE_DRAIN_TIMEOUT_S``),
 exit 0. A second signal exits at once.
@@ -20,6 +22,7 @@ from collections.abc import Sequence
 import anyio
 
 from sie import __version__, gc_policy
+from sie.cli_client import CLIENT_COMMANDS, add_client_commands, run_client
 from sie.core.errors import SieError
 from sie.logs import configure_logging
 from sie.settings import ServeSettings, apply_library_env_defaults, otel_env
@@ -31,7 +34,7 @@ log = logging.getLogger("sie")
 
 
 def parser() -> argparse.ArgumentParser:
-    """The `sie` command line (`serve`, `version`)."""
+    """The `sie` command line (`serve`, `version`, and the client commands)."""
     p = argparse.ArgumentParser(prog="sie", description="SIE inference engine")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run roles (gateway, config, worker) in this process")
@@ -43,7 +46,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--host", help="listen address [SIE_HOST, default 127.0.0.1]")
     s.add_argument("--port", type=int, help="gateway port [SIE_PORT, default 8080]")
     s.add_argument(
-        "--config-port", type=int, help="config role port [SIE_CONFIG_PORT, default 8081]"
+        "--config-port",
+        type=int,
+        help="config role port [SIE_CONFIG_PORT, default the gateway port + 1]",
     )
     s.add_argument("--models-dir", help="model config YAML dir or fsspec URL [SIE_MODELS_DIR]")
     s.add_argument("--bundles-dir", help="bundle YAML dir or fsspec URL [SIE_BUNDLES_DIR]")
@@ -76,6 +81,7 @@ def parser() -> argparse.ArgumentParser:
         help="gateway/worker: config role base URL [SIE_CONFIG_SERVICE_URL]",
     )
     sub.add_parser("version", help="print the version")
+    add_client_commands(sub)
     return p
 
 
@@ -126,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "version":
         print(__version__)
         return 0
+    if args.command in CLIENT_COMMANDS:
+        return run_client(args)
     overrides = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
     try:
         settings = ServeSettings.from_env(**overrides)

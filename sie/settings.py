@@ -16,9 +16,9 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from sie.settings_views import SettingsView, SyncSettings
+from sie.settings_views import ClientSettings, SettingsView, SyncSettings
 
-__all__ = ["AUTH_MODES", "ENV_VARS", "ROLES", "ServeSettings", "is_loopback"]
+__all__ = ["AUTH_MODES", "ENV_VARS", "ROLES", "ServeSettings", "client_settings", "is_loopback"]
 
 V = TypeVar("V", bound=SettingsView)
 
@@ -65,7 +65,7 @@ class ServeSettings(BaseModel):
     nats_url: str = "nats://127.0.0.1:4222"
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
-    config_port: int = Field(default=8081, ge=0, le=65535)
+    config_port: int = Field(default=8081, ge=0, le=65535)  # unset: port + 1
     # /metrics, /healthz, /readyz of a process without a gateway (docs/observability.md)
     metrics_port: int = Field(default=9090, ge=0, le=65535)
     models_dir: str | None = None
@@ -162,6 +162,7 @@ class ServeSettings(BaseModel):
     config_max_models: int = Field(default=1_000, ge=1)
     # config sync on gateways and workers (architecture §4, §13 "Gateway")
     config_service_url: str | None = None
+    gateway_url: str = "http://127.0.0.1:8080"  # what the SDK calls (docs/sdk.md)
     config_poll_interval_s: float = Field(default=30.0, gt=0)
     config_trusted_producers: tuple[str, ...] = ("sie-config",)
     config_trust_any_producer: bool = False
@@ -202,6 +203,16 @@ class ServeSettings(BaseModel):
                 )
             return mode
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _config_port_follows(cls, data: object) -> object:
+        """Unset: the gateway port + 1 (0, a free port, after 0 or 65535; README)."""
+        if isinstance(data, dict) and data.get("config_port") is None:
+            port = data.get("port", 8080)  # a bad value is named by the port's own check
+            if isinstance(port, int) or str(port).strip().isdigit():
+                data = {**data, "config_port": int(port) + 1 if 0 < int(port) < 65535 else 0}
+        return data
 
     @model_validator(mode="after")
     def _auth_on_open_address(self) -> ServeSettings:
@@ -431,6 +442,7 @@ ENV_VARS: dict[str, str] = {
     "SIE_CONFIG_PRODUCER_ID": "config_producer_id",
     "SIE_CONFIG_MAX_MODELS": "config_max_models",
     "SIE_CONFIG_SERVICE_URL": "config_service_url",
+    "SIE_GATEWAY_URL": "gateway_url",
     "SIE_CONFIG_POLL_INTERVAL_S": "config_poll_interval_s",
     "SIE_NATS_CONFIG_TRUSTED_PRODUCERS": "config_trusted_producers",
     "SIE_NATS_CONFIG_TRUST_ANY_PRODUCER": "config_trust_any_producer",
@@ -463,6 +475,11 @@ LIBRARY_ENV_DEFAULTS: dict[str, str] = {
     "TQDM_DISABLE": "1",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
 }
+
+
+def client_settings(env: Mapping[str, str] | None = None, **overrides: object) -> ClientSettings:
+    """The SDK's settings from ``env`` (default: the process environment; docs/sdk.md)."""
+    return ClientSettings.from_env(os.environ if env is None else env, ENV_VARS, **overrides)
 
 
 def otel_env() -> dict[str, str]:

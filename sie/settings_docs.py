@@ -35,7 +35,10 @@ ENV_DOCS: dict[str, EnvDoc] = {
     "SIE_NATS_URL": EnvDoc("NATS server", flag="--nats-url"),
     "SIE_HOST": EnvDoc("listen address", flag="--host"),
     "SIE_PORT": EnvDoc("gateway port", flag="--port"),
-    "SIE_CONFIG_PORT": EnvDoc("config role port", flag="--config-port"),
+    "SIE_CONFIG_PORT": EnvDoc(
+        "config role port; unset, it follows the gateway: `SIE_PORT` + 1 (any free port, logged at start, when `SIE_PORT` is 0)",
+        flag="--config-port",
+    ),
     "SIE_METRICS_PORT": EnvDoc(
         "port of `/metrics`, `/healthz` and `/readyz` in a process that runs a worker without a gateway (with a gateway they are on its port; [observability.md](observability.md))"
     ),
@@ -198,6 +201,9 @@ ENV_DOCS: dict[str, EnvDoc] = {
         "gateway/worker: where to bootstrap and poll config",
         flag="--config-service-url",
         unset="the local config port when co-located",
+    ),
+    "SIE_GATEWAY_URL": EnvDoc(
+        "the gateway the SDK (`sie.client`) and the `sie` client commands call (`--url`); they also read `SIE_CONFIG_SERVICE_URL` (else the gateway's port + 1), `SIE_AUTH_TOKEN` and `SIE_ADMIN_TOKEN` ([sdk.md](sdk.md))"
     ),
     "SIE_CONFIG_POLL_INTERVAL_S": EnvDoc("gateway/worker: epoch poll period, seconds"),
     "SIE_NATS_CONFIG_TRUSTED_PRODUCERS": EnvDoc(

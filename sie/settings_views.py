@@ -10,6 +10,7 @@ the gateway and the worker know the heartbeat interval).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, SecretStr
@@ -18,6 +19,7 @@ __all__ = [
     "AdmissionSettings",
     "AuthSettings",
     "BusSettings",
+    "ClientSettings",
     "ConfigRoleSettings",
     "GatewaySettings",
     "LimitsSettings",
@@ -83,6 +85,46 @@ class AdmissionSettings(SettingsView):
     admission_observe_models: tuple[str, ...]
     admission_poll_interval_s: float
     admission_keepalive_s: float
+
+
+class ClientSettings(SettingsView):
+    """What the SDK and the ``sie`` client commands read (docs/sdk.md "Settings"): where
+    the gateway and the config role are, and the tokens to present (the server's own
+    variables). Built by ``sie.settings.client_settings``."""
+
+    gateway_url: str = "http://127.0.0.1:8080"
+    config_service_url: str | None = None
+    auth_token: SecretStr | None = None
+    auth_tokens: tuple[SecretStr, ...] = ()
+    admin_token: SecretStr | None = None
+
+    @classmethod
+    def from_env(
+        cls, env: Mapping[str, str], env_vars: Mapping[str, str], **overrides: object
+    ) -> ClientSettings:
+        """Only the client's variables of ``env`` (``env_vars``: name → field), then
+        ``overrides`` where not None: a server's other settings never stop a client."""
+        values: dict[str, object] = {
+            f: env[k] for k, f in env_vars.items() if f in cls.model_fields and env.get(k, "")
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        tokens = values.get("auth_tokens")
+        if isinstance(tokens, str):
+            values["auth_tokens"] = tuple(t.strip() for t in tokens.split(",") if t.strip())
+        return cls.model_validate(values)
+
+    def inference_token(self) -> str | None:
+        """``SIE_AUTH_TOKEN``, else the first of ``SIE_AUTH_TOKENS``, else None."""
+        for token in (self.auth_token, *self.auth_tokens):
+            if token is not None and token.get_secret_value().strip():
+                return token.get_secret_value().strip()
+        return None
+
+    def admin_token_value(self) -> str | None:
+        """``SIE_ADMIN_TOKEN`` (pool and config writes), else None."""
+        if self.admin_token is None or not self.admin_token.get_secret_value().strip():
+            return None
+        return self.admin_token.get_secret_value().strip()
 
 
 class SyncSettings(SettingsView):
