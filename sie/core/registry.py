@@ -264,10 +264,12 @@ class ModelRegistry:
     load → mutate → swap, so two writers never drop each other's change (§5).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, default_profiles: Mapping[str, str] | None = None) -> None:
         self._lock = threading.RLock()
         self._yaml = _YamlCache()
         self._snapshot = RegistrySnapshot(_yaml=self._yaml)
+        #: bare model id → the profile ``resolve`` routes it to (``SIE_DEFAULT_PROFILES``)
+        self.default_profiles: Mapping[str, str] = MappingProxyType(dict(default_profiles or {}))
 
     @property
     def snapshot(self) -> RegistrySnapshot:
@@ -411,11 +413,17 @@ class ModelRegistry:
     def resolve(self, model_id: str, bundle: str | None = None) -> tuple[ModelEntry, str]:
         """Map a public model id (optionally pinned to a bundle) to its entry and bundle.
 
-        ``model:default`` is the base id (architecture §16.3).
+        ``model:default`` is the base id (architecture §16.3). A base id named in
+        ``default_profiles`` resolves to that profile while the model has it
+        (docs/performance.md "Choosing a MiniLM profile").
 
         Raises:
             ModelNotFound: unknown id, or ``bundle`` not compatible with it.
         """
+        base = model_id.removesuffix(":" + DEFAULT_PROFILE)
+        preferred = self.default_profiles.get(base)
+        if preferred is not None and f"{base}:{preferred}" in self._snapshot.entries:
+            model_id = f"{base}:{preferred}"  # SIE_DEFAULT_PROFILES (docs/performance.md)
         entry = self._snapshot.entries.get(model_id)
         if entry is None and model_id.endswith(":" + DEFAULT_PROFILE):
             entry = self._snapshot.entries.get(model_id[: -len(DEFAULT_PROFILE) - 1])

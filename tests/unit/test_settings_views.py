@@ -32,6 +32,7 @@ EDGE_ONLY = {
     "upstream_base_urls",
     "upstream_api_key_envs",
     "upstream_api_keys",
+    "default_profiles",  # build_registry (sie.container)
 }
 
 
