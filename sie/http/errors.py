@@ -137,13 +137,16 @@ class InternalError(SieError):
 
 
 def openai_error(exc: SieError) -> JSONResponse:
-    """OpenAI error envelope; ``param`` is the offending field when known."""
+    """OpenAI error envelope; ``param`` is the offending field when known; an unknown
+    model's ``suggestions`` (the closest ids, docs/api.md §15) ride along."""
     err: dict[str, Any] = {
         "message": exc.message,
         "type": "invalid_request_error" if exc.status < 500 else "server_error",
         "param": exc.fields.get("field"),
         "code": exc.code.lower(),
     }
+    if "suggestions" in exc.fields:
+        err["suggestions"] = exc.fields["suggestions"]
     return ErrorJSONResponse({"error": err}, status_code=exc.status, headers=error_headers(exc))
 
 

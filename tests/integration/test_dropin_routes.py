@@ -363,7 +363,8 @@ def test_model_404_envelopes_carry_suggestions(plain: httpx.Client) -> None:
     )
     embeddings = plain.post("/v1/embeddings", json={"model": "all-minilm-l6-v2", "input": "x"})
     assert embeddings.status_code == 404
-    assert MINILM in embeddings.json()["error"]["message"]
+    err = embeddings.json()["error"]
+    assert MINILM in err["message"] and err["suggestions"][0] == MINILM
     far = plain.get("/v1/models/nope/nothing").json()
     assert far["detail"]["suggestions"] == [] and "did you mean" not in far["error"]["message"]
     config = plain.get("/v1/configs/models/sentence-transformers/all-MiniLM-L6-v3")
