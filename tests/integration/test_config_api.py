@@ -71,7 +71,7 @@ def test_write_then_read_everywhere(plain: Stack) -> None:
     listed = httpx.get(f"{c}/v1/configs/models").json()["models"]
     assert {"model_id": "acme/mini", "profiles": ["default"], "source": "api"} in listed
     minilm = {"model_id": MINILM, "source": "filesystem"}
-    assert {**minilm, "profiles": ["default", "onnx", "onnx-int8"]} in listed
+    assert {**minilm, "profiles": ["default", "fastest", "onnx", "onnx-int8"]} in listed
     doc = httpx.get(f"{c}/v1/configs/models/acme/mini")
     assert doc.headers["content-type"].startswith("application/yaml")
     assert load_yaml(doc.content)["sie_id"] == "acme/mini"
@@ -100,7 +100,7 @@ def test_bundles_and_resolve(plain: Stack) -> None:
             "model": MINILM,
             "resolved_bundle": "default",
             "compatible_bundles": ["default"],
-            "profiles": ["default", "onnx", "onnx-int8"],
+            "profiles": ["default", "fastest", "onnx", "onnx-int8"],
         }
         assert (
             httpx.post(f"{base}/v1/configs/resolve", json={"model": "no/such"}).status_code == 404

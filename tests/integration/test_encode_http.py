@@ -141,9 +141,11 @@ def test_models_endpoints(client: httpx.Client) -> None:
             MINILM,
             f"{MINILM}:onnx",
             f"{MINILM}:onnx-int8",
+            f"{MINILM}:fastest",
             "HuggingFaceTB/SmolLM2-135M-Instruct",
             "nationaldesignstudio/rampart",
             "rasyosef/splade-tiny",
+            "rasyosef/splade-tiny:onnx",
         ]
     )
     info = client.get(f"/v1/models/{MINILM}").json()
@@ -155,6 +157,7 @@ def test_models_endpoints(client: httpx.Client) -> None:
         "default": {"is_default": True},
         "onnx": {"is_default": False},
         "onnx-int8": {"is_default": False},
+        "fastest": {"is_default": False},
     }
     missing = client.get("/v1/models/nope/nothing")
     assert missing.status_code == 404
