@@ -1,7 +1,7 @@
 """Frozen settings, built once at the edge (the CLI) from flags and ``SIE_*`` env vars.
 
-The single registry of SIE environment variables: ``ENV_VARS`` maps each
-variable to its setting. Nothing in SIE reads ``os.environ`` at import time.
+The single registry of SIE environment variables: ``ENV_VARS`` (``sie.settings_env``,
+re-exported here) maps each variable to its setting. Nothing in SIE reads ``os.environ`` at import time.
 Units are in the names (``_s`` seconds, ``_bytes``).
 """
 
@@ -16,6 +16,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from sie.settings_env import ENV_VARS
 from sie.settings_views import ClientSettings, SettingsView, SyncSettings
 
 __all__ = ["AUTH_MODES", "ENV_VARS", "ROLES", "ServeSettings", "client_settings", "is_loopback"]
@@ -387,102 +388,6 @@ class ServeSettings(BaseModel):
             keys = {n: env[n] for n in settings.upstream_api_key_envs if env.get(n)}
             settings = cls.model_validate({**values, "upstream_api_keys": keys})
         return settings
-
-
-#: Every SIE_* variable `sie serve` reads, and the setting it fills.
-ENV_VARS: dict[str, str] = {
-    "SIE_ROLES": "roles",
-    "SIE_BUS": "bus",
-    "SIE_NATS_URL": "nats_url",
-    "SIE_HOST": "host",
-    "SIE_PORT": "port",
-    "SIE_CONFIG_PORT": "config_port",
-    "SIE_METRICS_PORT": "metrics_port",
-    "SIE_MODELS_DIR": "models_dir",
-    "SIE_BUNDLES_DIR": "bundles_dir",
-    "SIE_PRELOAD_MODELS": "preload",
-    "SIE_DEFAULT_PROFILES": "default_profiles",
-    "SIE_POOL": "pool",
-    "SIE_MACHINE_PROFILE": "machine_profile",
-    "SIE_BUNDLE": "bundle",
-    "SIE_WORKER_ID": "worker_id",
-    "SIE_ROUTER_ID": "router_id",
-    "SIE_DEVICE": "device",
-    "SIE_GATEWAY_REQUEST_TIMEOUT": "request_timeout_s",
-    "SIE_MAX_BODY_BYTES": "max_body_bytes",
-    "SIE_MAX_GENERATE_BODY_BYTES": "max_generate_body_bytes",
-    "SIE_MAX_ITEMS_PER_REQUEST": "max_items_per_request",
-    "SIE_MAX_TEXT_CHARS": "max_text_chars",
-    "SIE_DRAIN_TIMEOUT_S": "drain_timeout_s",
-    "SIE_MAX_INFLIGHT_BODY_BYTES": "max_inflight_body_bytes",
-    "SIE_MAX_RESPONSE_BYTES": "max_response_bytes",
-    "SIE_MAX_EXTRACT_CHARS": "max_extract_chars",
-    "SIE_HTTP_HEADER_TIMEOUT_S": "http_header_timeout_s",
-    "SIE_HTTP_BODY_TIMEOUT_S": "http_body_timeout_s",
-    "SIE_MAX_LARGE_BODY_READS": "max_large_body_reads",
-    "SIE_GATEWAY_MAX_STREAM_PENDING": "max_stream_pending",
-    "SIE_GATEWAY_MAX_LANE_IN_FLIGHT_ITEMS": "max_lane_in_flight_items",
-    "SIE_GATEWAY_REQUEST_WINDOW_ITEMS": "request_window_items",
-    "SIE_GATEWAY_STATIC_QUEUE_POOLS": "static_queue_pools",
-    "SIE_GATEWAY_CONFIGURED_GPUS": "configured_gpus",
-    "SIE_GATEWAY_GPU_ALIASES": "gpu_aliases",
-    "SIE_GATEWAY_CONFIGURED_PHYSICAL_LANES": "configured_physical_lanes",
-    "SIE_POOL_STORE": "pool_store",
-    "SIE_POOL_STORE_NAMESPACE": "pool_store_namespace",
-    "SIE_GATEWAY_DIRECT_FALLBACK_S": "direct_fallback_s",
-    "SIE_MAX_POOLS": "max_pools",
-    "SIE_WORKER_POOL_POLL_S": "pool_poll_s",
-    "SIE_GATEWAY_LANE_BACKPRESSURE_ENFORCE": "lane_backpressure_enforce",
-    "SIE_STREAM_MAX_AGE_S": "stream_max_age_s",
-    "SIE_STREAM_MAX_MSGS": "stream_max_msgs",
-    "SIE_PAYLOAD_STORE_URL": "payload_store_url",
-    "SIE_STREAM_STORAGE": "stream_storage",
-    "SIE_STREAM_REPLICAS": "stream_replicas",
-    "SIE_MAX_BATCH_REQUESTS": "max_batch_requests",
-    "SIE_MAX_BATCH_WAIT_MS": "max_batch_wait_ms",
-    "SIE_MAX_CONCURRENT_REQUESTS": "max_inflight_items",
-    "SIE_ENGINE_CONCURRENCY": "engine_concurrency",
-    "SIE_MEMORY_BUDGET_BYTES": "memory_budget_bytes",
-    "SIE_MEMORY_BUDGET_FRACTION": "memory_budget_fraction",
-    "SIE_IDLE_EVICT_S": "idle_evict_s",
-    "SIE_MODEL_LOAD_WAIT_S": "model_load_wait_s",
-    "SIE_ACK_WAIT_S": "ack_wait_s",
-    "SIE_MAX_DELIVER": "max_deliver",
-    "SIE_HEARTBEAT_INTERVAL_S": "heartbeat_interval_s",
-    "SIE_GIL_SWITCH_INTERVAL_MS": "gil_switch_interval_ms",
-    "SIE_LOG_LEVEL": "log_level",
-    "SIE_LOG_JSON": "log_json",
-    "SIE_ACCESS_LOG_SAMPLE": "access_log_sample",
-    "SIE_TRACING_ENABLED": "tracing_enabled",
-    "SIE_DEFAULT_EMBED_MODEL": "default_embed_model",
-    "SIE_DEFAULT_SPARSE_MODEL": "default_sparse_model",
-    "SIE_DEFAULT_RERANK_MODEL": "default_rerank_model",
-    "SIE_CONFIG_STORE_DIR": "config_store_dir",
-    "SIE_CONFIG_RESTORE": "config_restore",
-    "SIE_CONFIG_PRODUCER_ID": "config_producer_id",
-    "SIE_CONFIG_MAX_MODELS": "config_max_models",
-    "SIE_CONFIG_SERVICE_URL": "config_service_url",
-    "SIE_GATEWAY_URL": "gateway_url",
-    "SIE_CONFIG_POLL_INTERVAL_S": "config_poll_interval_s",
-    "SIE_NATS_CONFIG_TRUSTED_PRODUCERS": "config_trusted_producers",
-    "SIE_NATS_CONFIG_TRUST_ANY_PRODUCER": "config_trust_any_producer",
-    "SIE_WEIGHTS_ROOTS": "weights_roots",
-    "SIE_MODEL_CACHE_DIR": "model_cache_dir",
-    "SIE_ALLOW_TRUST_REMOTE_CODE": "allow_trust_remote_code",
-    "SIE_UPSTREAM_BASE_URLS": "upstream_base_urls",
-    "SIE_UPSTREAM_API_KEY_ENVS": "upstream_api_key_envs",
-    "SIE_AUTH_MODE": "auth_mode",
-    "SIE_AUTH_TOKEN": "auth_token",
-    "SIE_AUTH_TOKENS": "auth_tokens",
-    "SIE_ADMIN_TOKEN": "admin_token",
-    "SIE_AUTH_EXEMPT_OPERATIONAL": "auth_exempt_operational",
-    "SIE_ADMISSION_KV_THRESHOLD": "admission_kv_threshold",
-    "SIE_ADMISSION_MAX_INFLIGHT": "admission_max_inflight",
-    "SIE_ADMISSION_MAX_PARK_SECONDS": "admission_max_park_s",
-    "SIE_ADMISSION_OBSERVE_MODELS": "admission_observe_models",
-    "SIE_ADMISSION_POLL_INTERVAL_S": "admission_poll_interval_s",
-    "SIE_ADMISSION_KEEPALIVE_S": "admission_keepalive_s",
-}
 
 
 #: Environment defaults for the model libraries a worker loads: offline (weights come
