@@ -4,7 +4,7 @@ Routes: ``POST /v1/configs/models`` (YAML body, admin), ``GET /v1/configs/models
 ``GET /v1/configs/models/{id}`` (YAML), ``GET /v1/configs/bundles``,
 ``GET /v1/configs/bundles/{id}`` (YAML), ``POST /v1/configs/resolve``,
 ``GET /v1/configs/export`` (admin), ``GET /v1/configs/epoch``, ``/healthz``,
-``/readyz``, ``/metrics``.
+``/readyz``, ``/metrics``, ``/openapi.json`` and ``/docs`` (docs/api.md §14).
 
 Errors: ``{"detail": {"code": "CONTENT_CONFLICT", "error": "content_conflict",
 "message": ..., ...}}`` (``error`` is the sie-config slug), with ``X-SIE-Error-Code``
@@ -29,6 +29,9 @@ from sie.http.auth import AuthMiddleware, AuthPolicy, config_decision
 from sie.http.errors import CatchAll, ErrorJSONResponse, error_headers
 from sie.http.limits import BodyBudget, RequestLimits
 from sie.http.negotiation import check_charset, read_body, read_payload
+from sie.http.openapi import api_routes
+from sie.http.openapi_config import config_table
+from sie.http.pages import BrowserAuth
 from sie.roles.config import ConfigRole
 from sie.telemetry import Metrics
 
@@ -141,6 +144,7 @@ def build_config_app(
     body_timeout_s: float = 60.0,
 ) -> Starlette:
     """The config role's Starlette app; ``budget`` as in ``build_gateway_app``."""
+    policy = policy or AuthPolicy()
     app = Starlette(
         routes=[
             Route("/v1/configs/models", list_models, methods=["GET"]),
@@ -154,6 +158,7 @@ def build_config_app(
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
+            *api_routes(config_table),  # /openapi.json, /docs (docs/api.md §14)
         ],
         exception_handlers={SieError: _sie_error, HTTPException: _http_error},
         middleware=[
@@ -164,9 +169,11 @@ def build_config_app(
                 respond=_refuse,
             ),
             Middleware(CatchAll),
+            # ``?token=`` on /docs (a browser cannot send the header)
+            Middleware(BrowserAuth, policy=policy, decide=config_decision, respond=_refuse),
             Middleware(
                 AuthMiddleware,
-                policy=policy or AuthPolicy(),
+                policy=policy,
                 decide=config_decision,
                 respond=_refuse,
             ),

@@ -27,6 +27,7 @@ __all__ = [
     "ExtractParams",
     "ExtractRequest",
     "Item",
+    "ResolveRequest",
     "RuntimeOptions",
     "ScoreRequest",
 ]
@@ -40,8 +41,18 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
+def _text_required(schema: dict[str, Any]) -> None:
+    """Every route reads text items only, so the API description (``/openapi.json``,
+    docs/api.md §14) says ``text`` is required: the handlers refuse an item without it
+    (400 naming ``items[i].text``), after this model's own checks."""
+    schema["required"] = ["text"]
+    schema["properties"]["text"] = {"type": "string", "title": "Text"}
+
+
 class Item(_Lenient):
     """A wire item. ``id`` is echoed back; ``metadata`` is accepted, not echoed."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, json_schema_extra=_text_required)
 
     id: Text | None = None
     text: Text | None = None
@@ -112,3 +123,10 @@ class ExtractRequest(_Lenient):
 
     items: list[Item] = Field(min_length=1)
     params: ExtractParams | None = None
+
+
+class ResolveRequest(_Lenient):
+    """``POST /v1/configs/resolve`` (docs/api.md §8): which bundle serves a model spec."""
+
+    model: StrictStr = Field(description="[bundle:/]org/model[:profile]")
+    bundle: StrictStr | None = Field(default=None, description="the bundle to check instead")

@@ -30,29 +30,21 @@ reports); ``in_flight`` and ``pending_demand`` are this gateway's own. Auth: rea
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import hashlib
 import json
-import re
 import time
-from collections.abc import Callable
-from functools import cache
-from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
-from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from sie import __version__
-from sie.core.errors import SieError, Unauthorized
 from sie.core.wire import Heartbeat, ModelStatus
-from sie.http.auth import AuthPolicy, Decision, bearer_token
+from sie.http.pages import BrowserAuth, static_page
 from sie.roles.gateway import GatewayRole
 
 __all__ = ["BrowserAuth", "StatusFeed", "capacity", "cluster_state", "status_routes"]
@@ -273,41 +265,8 @@ def same_origin(ws: WebSocket) -> bool:
     return urlsplit(origin).netloc.lower() == ws.headers.get("host", "").lower()
 
 
-_PAGE = "static/status.html"
-
-
-@cache
-def _page() -> tuple[bytes, str]:
-    """The page and its Content-Security-Policy: only its own inline script and style
-    (by hash) and connections to its own origin; nothing else is loaded."""
-    html = resources.files("sie.http").joinpath(_PAGE).read_bytes()
-
-    def hashes(tag: str) -> str:
-        bodies = re.findall(rb"<%s>(.*?)</%s>" % (tag.encode(), tag.encode()), html, re.S)
-        return " ".join(
-            f"'sha256-{base64.b64encode(hashlib.sha256(b).digest()).decode()}'" for b in bodies
-        )
-
-    csp = (
-        f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
-        "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
-        "frame-ancestors 'none'"
-    )
-    return html, csp
-
-
 async def status_page(request: Request) -> Response:
-    html, csp = _page()
-    return Response(
-        html,
-        media_type="text/html; charset=utf-8",
-        headers={
-            "Content-Security-Policy": csp,
-            "Cache-Control": "no-store",
-            "Referrer-Policy": "no-referrer",
-            "X-Content-Type-Options": "nosniff",
-        },
-    )
+    return static_page("status.html")
 
 
 def status_routes() -> list[BaseRoute]:
@@ -318,63 +277,3 @@ def status_routes() -> list[BaseRoute]:
         Route("/v1/cluster/status", cluster_status, methods=["GET"]),
         WebSocketRoute("/ws/cluster-status", cluster_stream),
     ]
-
-
-def _query_token(scope: Scope) -> str | None:
-    try:
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1"), max_num_fields=64)
-    except ValueError:
-        return None
-    got = query.get("token")
-    return got[0].strip() or None if got else None
-
-
-class BrowserAuth:
-    """Auth for what a browser opens; placed just outside ``AuthMiddleware``.
-
-    - Websocket scopes get ``decide(policy, "GET", path, token)`` here, the token from
-      ``Authorization: Bearer`` or ``?token=``; a refusal is the HTTP error answer (401
-      with ``WWW-Authenticate: Bearer``, 403, 500) through the websocket denial
-      extension, else a close with 1008 before the handshake.
-    - HTTP requests to ``/`` and ``/ws/*`` without a bearer token in ``Authorization``
-      get ``?token=`` as one, and ``AuthMiddleware`` decides as for any read.
-    """
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        policy: AuthPolicy,
-        decide: Decision,
-        respond: Callable[[Scope, SieError], Response],
-    ) -> None:
-        self.app, self.policy, self.decide, self.respond = app, policy, decide, respond
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind, path = scope["type"], str(scope.get("path", ""))
-        if kind not in ("http", "websocket") or not (path == "/" or path.startswith("/ws/")):
-            await self.app(scope, receive, send)
-            return
-        headers = scope.get("headers", [])
-        header = next((v.decode("latin-1") for k, v in headers if k == b"authorization"), None)
-        query = _query_token(scope)
-        if kind == "http":
-            if bearer_token(header) is None and query is not None:
-                auth = (b"authorization", b"Bearer " + query.encode("utf-8", "replace"))
-                kept = [(k, v) for k, v in headers if k != b"authorization"]
-                scope = {**scope, "headers": [*kept, auth]}
-            await self.app(scope, receive, send)
-            return
-        token = bearer_token(header) or query
-        err: SieError | None = self.decide(self.policy, "GET", path, token)
-        if err is None:
-            await self.app(scope, receive, send)
-            return
-        ws = WebSocket(scope, receive, send)
-        if "websocket.http.response" in scope.get("extensions", {}):
-            response = self.respond(scope, err)
-            if isinstance(err, Unauthorized):
-                response.headers["WWW-Authenticate"] = "Bearer"
-            await ws.send_denial_response(response)
-        else:
-            await ws.close(code=1008, reason=err.code)
