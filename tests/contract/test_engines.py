@@ -23,7 +23,6 @@ import pytest
 
 from sie.core.config import ModelConfig, parse_bundle, parse_model_config
 from sie.core.errors import ModelLoadFailed
-from sie.core.yamldoc import load_yaml
 from sie.engines.base import (
     is_encoder,
     is_extractor,
@@ -64,17 +63,6 @@ def _shipped(file: str) -> Callable[[pytest.TempPathFactory, Path], ModelConfig]
     return lambda _tmp, _ce: parse_model_config((CONFIGS / file).read_text())
 
 
-def _onnx_profile(file: str, adapter: str) -> Callable[[pytest.TempPathFactory, Path], ModelConfig]:
-    """A shipped config with an ``onnx`` profile added (configs that ship none)."""
-
-    def build(_tmp: pytest.TempPathFactory, _ce: Path) -> ModelConfig:
-        doc = load_yaml((CONFIGS / file).read_text(), what=file)
-        doc["profiles"]["onnx"] = {"extends": "default", "adapter_path": adapter}
-        return parse_model_config(doc)
-
-    return build
-
-
 def _doc(sie_id: str, weights: Path, adapter: str, task: str) -> ModelConfig:
     return parse_model_config(
         {
@@ -96,6 +84,11 @@ def _cross_encoder(_tmp: pytest.TempPathFactory, ce: Path) -> ModelConfig:
     return _doc("test/cross-encoder", ce, adapter, "score")
 
 
+def _cross_encoder_onnx(_tmp: pytest.TempPathFactory, ce: Path) -> ModelConfig:
+    adapter = "sie.engines.onnx.cross:OnnxCrossEncoderScorer"
+    return _doc("test/cross-encoder-onnx", ce, adapter, "score")
+
+
 ST = "sie.engines.encoders.sentence_transformers"
 ONNX = "sie.engines.onnx.encoders"
 MINILM_YAML = "sentence-transformers__all-MiniLM-L6-v2.yaml"
@@ -104,14 +97,9 @@ CASES = [
     Case("minilm-onnx", "encode", ONNX, _shipped(MINILM_YAML), profile="onnx"),
     Case("minilm-onnx-int8", "encode", ONNX, _shipped(MINILM_YAML), profile="onnx-int8"),
     Case("splade-sparse", "encode", ST, _shipped("rasyosef__splade-tiny.yaml")),
-    Case(
-        "splade-onnx",
-        "encode",
-        ONNX,
-        _onnx_profile("rasyosef__splade-tiny.yaml", f"{ONNX}:OnnxSparseEncoder"),
-        profile="onnx",
-    ),
+    Case("splade-onnx", "encode", ONNX, _shipped("rasyosef__splade-tiny.yaml"), profile="onnx"),
     Case("cross-encoder", "score", "sie.engines.scorers.cross_encoder", _cross_encoder),
+    Case("cross-encoder-onnx", "score", "sie.engines.onnx.cross", _cross_encoder_onnx),
     Case(
         "gliner",
         "extract",

@@ -12,7 +12,10 @@ run by ``onnxruntime`` with ``tokenizers`` instead of torch:
   pipeline (cosine >= 0.99999), int8 against float32 (a documented quality bound);
 - ``sie.engines.onnx.runtime``: tokenisation and sessions sized to the cores;
 - ``sie.engines.onnx.encoders`` (the bundle module): ``OnnxDenseEncoder`` (dense and
-  multivector outputs, docs/api.md §2).
+  multivector outputs, docs/api.md §2) and ``OnnxSparseEncoder`` (SPLADE);
+- ``sie.engines.onnx.cross`` (the bundle module): ``OnnxCrossEncoderScorer``
+  (cross-encoder reranking, docs/api.md §3), with its pair inputs
+  (``sie.engines.onnx.pairs``) and checks (``sie.engines.onnx.cross_checks``).
 
 Nothing here imports onnxruntime, tokenizers or torch at import time.
 """

@@ -70,6 +70,8 @@ class OnnxEncoderBase:
     shipped_graphs = True
     #: The task named when a probe call on a loaded graph fails.
     task = "encode"
+    #: The tokenisation step (pair engines: a subclass that also takes pairs).
+    inputs_class: type[TextInputs] = TextInputs
 
     def __init__(
         self,
@@ -156,7 +158,7 @@ class OnnxEncoderBase:
         reference = load_st_model(self.config, self.profile, "cpu", self.st_class)
         self._check_reference(reference)
         window = int(reference.max_seq_length or 512)
-        inputs = TextInputs(root, window, self._lowercase, INPUT_NAMES)
+        inputs = self.inputs_class(root, window, self._lowercase, INPUT_NAMES)
         module, output_key = self._export_module(reference)
         export = export_module(
             module,

@@ -6,10 +6,8 @@ longest text of a batch and truncates to the window (``longest_first``, right), 
 copy counts tokens (no padding, no truncation). Both are only read afterwards, so
 concurrent calls are safe. ``prepare`` renders templates and bounds long inputs as
 ``DenseEncoder.prepare`` does (docs/api.md §10: a huge input costs a bounded amount).
-``features`` and ``counts`` take ``(query, doc)`` pairs too (a cross-encoder's input:
-one sequence with ``token_type_ids`` 0 then 1, the pair truncated longest-first to the
-window, as the transformers tokenizer does for ``CrossEncoder``); ``clip_pairs``
-bounds a pair's two sides.
+``counts`` takes ``(query, doc)`` pairs too; a cross-encoder's pair inputs are
+``sie.engines.onnx.pairs.PairInputs`` (a subclass).
 
 ``Sessions``: ``onnxruntime.InferenceSession``s of one graph, graph optimisation
 ``ORT_ENABLE_ALL``, ``CPUExecutionProvider`` (``CUDAExecutionProvider`` first when the
@@ -138,8 +136,8 @@ class TextInputs:
             return list(texts)
         return [t.lower() if isinstance(t, str) else (t[0].lower(), t[1].lower()) for t in texts]
 
-    def features(self, texts: Texts) -> dict[str, np.ndarray]:
-        """The graph's inputs for ``texts`` (or pairs): int64 ``[len(texts), longest]`` each."""
+    def features(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        """The graph's inputs for ``texts``: int64 ``[len(texts), longest]`` each."""
         encs = self._batcher.encode_batch(self._lowered(texts))
         fields = {
             "input_ids": [e.ids for e in encs],
@@ -165,13 +163,6 @@ class TextInputs:
                 return text[:n]
             n *= 4
         return text
-
-    def clip_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-        """Each side of each pair clipped as ``_clip``: longest-first truncation keeps
-        at most the window of either side, and its outcome depends on a side's length
-        only up to the window, so a side cut to a prefix that fills the window
-        tokenises and truncates as the whole side would."""
-        return [(self._clip(q), self._clip(d)) for q, d in pairs]
 
     def prepare(
         self,

@@ -27,12 +27,29 @@ from sie.core.errors import InferenceError, InvalidInput, ModelLoadFailed
 from sie.engines.encoders.sentence_transformers import load_st_model, probe_loaded
 from sie.engines.tokens import torch_bytes
 
-__all__ = ["ACTIVATIONS", "CrossEncoderScorer"]
+__all__ = ["ACTIVATIONS", "CrossEncoderScorer", "activation_option"]
 
 #: Values of the runtime option ``activation``; the first is the default.
 ACTIVATIONS = ("none", "sigmoid")
 #: Most pairs in one forward pass (``predict``'s ``batch_size``).
 MAX_PREDICT_BATCH = 64
+
+
+def activation_option(options: Mapping[str, Any]) -> str:
+    """The runtime option ``activation`` (one of ``ACTIVATIONS``; unset or null: the first).
+
+    Raises:
+        InvalidInput: any other value (field ``params.options.activation``).
+    """
+    value = options.get("activation", ACTIVATIONS[0])
+    if value is None:
+        return ACTIVATIONS[0]
+    if not isinstance(value, str) or value not in ACTIVATIONS:
+        raise InvalidInput(
+            f"params.options.activation must be one of {list(ACTIVATIONS)}, got {value!r}",
+            field="params.options.activation",
+        )
+    return value
 
 
 class CrossEncoderScorer:
@@ -81,17 +98,6 @@ class CrossEncoderScorer:
     def memory_bytes(self) -> int:
         return torch_bytes(self._model)
 
-    def _activation(self, options: Mapping[str, Any]) -> str:
-        value = options.get("activation", ACTIVATIONS[0])
-        if value is None:
-            return ACTIVATIONS[0]
-        if not isinstance(value, str) or value not in ACTIVATIONS:
-            raise InvalidInput(
-                f"params.options.activation must be one of {list(ACTIVATIONS)}, got {value!r}",
-                field="params.options.activation",
-            )
-        return value
-
     def score(
         self,
         pairs: Sequence[tuple[str, str]],
@@ -111,7 +117,7 @@ class CrossEncoderScorer:
             InvalidInput: ``activation`` is not one of ``ACTIVATIONS``.
             InferenceError: not loaded, or the forward pass failed.
         """
-        activation = self._activation(options)
+        activation = activation_option(options)
         if self._model is None:
             raise InferenceError(f"model {self.config.sie_id!r} is not loaded")
         if not pairs:
