@@ -317,7 +317,8 @@ class GenerationChunk(_Message):
     stream on a gap rather than emit text out of order. ``seq`` 0 is the worker's
     acceptance (no text). The last chunk has ``done`` set and carries
     ``finish_reason`` (``stop`` / ``length``) and the token counts, or ``error`` /
-    ``error_code`` (and ``error_field``) when the request failed.
+    ``error_code`` (and ``error_field``) when the request failed. ``logprobs``: one map
+    per token the chunk accounts for, when asked for (OpenAI's chat shape; docs/api.md §5.1).
     """
 
     request_id: str
@@ -331,6 +332,7 @@ class GenerationChunk(_Message):
     error_code: str | None = None
     error_field: str | None = None
     worker_id: str | None = None
+    logprobs: list[Any] | None = None
     generation: bool = True  # tells a chunk from a WorkResult on the shared inbox
 
 

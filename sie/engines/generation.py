@@ -9,7 +9,9 @@ the scheduler's own numbers (running, waiting, KV-cache usage) for the admission
 them off the event loop); the constructor ``(config, profile, device)`` does no I/O.
 
 Also here, pure and engine-independent: request validation (``validate_request``,
-``InvalidInput`` naming the field) and ``StopMatcher``, which keeps stop strings,
+``InvalidInput`` naming the field; an engine passes the optional ``FEATURES`` it
+implements, and a request asking for one it lacks is refused naming the OpenAI
+parameter, docs/api.md §5.1) and ``StopMatcher``, which keeps stop strings,
 and any prefix of one that then matches, out of the streamed text.
 
 No torch import here: the vLLM and upstream-proxy engines share this module.
@@ -26,8 +28,10 @@ from typing import Any, Literal, Protocol, TypeGuard, runtime_checkable
 from sie.core.admission import EngineState
 from sie.core.errors import InvalidInput
 from sie.engines.base import implements
+from sie.engines.stop import StopMatcher
 
 __all__ = [
+    "FEATURES",
     "EngineState",
     "FinishReason",
     "GenerationDelta",
@@ -35,7 +39,9 @@ __all__ = [
     "GenerationRequest",
     "SamplingParams",
     "StopMatcher",
+    "check_logit_bias",
     "is_generator",
+    "logprob_entry",
     "prompt_token_ids",
     "validate_request",
     "validate_sampling",
@@ -47,15 +53,38 @@ FinishReason = Literal["stop", "length"]
 _SEED_MIN = -(2**63)
 _SEED_MAX = 2**64 - 1
 
+#: Optional request features an engine may implement (its ``features`` attribute), each
+#: with the OpenAI parameter a refusal names (docs/api.md §5.1).
+FEATURES: dict[str, str] = {
+    "logprobs": "logprobs",
+    "logit_bias": "logit_bias",
+    "penalties": "presence_penalty",
+    "json_object": "response_format",
+}
+#: Alternatives per token ``logprobs`` may ask for (OpenAI's ``top_logprobs`` bound;
+#: vLLM's default ``max_logprobs``).
+MAX_TOP_LOGPROBS = 20
+#: A log probability below this is reported as this (JSON has no -inf; OpenAI and vLLM
+#: floor at the same value).
+MIN_LOGPROB = -9999.0
+
 
 @dataclass
 class SamplingParams:
-    """How to sample (OpenAI semantics).
+    """How to sample (OpenAI semantics; docs/api.md §5.1).
 
     ``max_tokens``: completion tokens at most; ``None`` = up to the model window.
     ``temperature`` 0 is greedy. ``top_p`` in (0, 1]. ``seed`` makes sampling
     reproducible (same engine, same weights). ``stop``: strings that end the
     completion; none of them, nor any part of one that matched, is ever emitted.
+    ``presence_penalty`` / ``frequency_penalty`` in [-2, 2]: subtracted from the logit
+    of every token already in the completion (once / per occurrence; the prompt does
+    not count, as in vLLM). ``logit_bias``: token id -> value in [-100, 100] added to
+    that token's logit before sampling. ``logprobs``: None, or how many most likely
+    alternatives (0..20) to report with each completion token's own log probability
+    (from the model's raw distribution, before biases, penalties and temperature, as
+    vLLM reports them). ``response_format`` ``"json_object"``: the completion is
+    constrained to one JSON object and ends when it closes.
     """
 
     max_tokens: int | None = None
@@ -63,6 +92,24 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: int | None = None
+    response_format: Literal["text", "json_object"] = "text"
+
+    def features(self) -> list[str]:
+        """The optional ``FEATURES`` this request uses."""
+        used = []
+        if self.logprobs is not None:
+            used.append("logprobs")
+        if self.logit_bias:
+            used.append("logit_bias")
+        if self.presence_penalty or self.frequency_penalty:
+            used.append("penalties")
+        if self.response_format == "json_object":
+            used.append("json_object")
+        return used
 
 
 @dataclass
@@ -86,8 +133,10 @@ class GenerationDelta:
     back by the stop matcher or by incomplete UTF-8 is reported with a later delta),
     so the deltas' ``num_tokens`` add up to ``completion_tokens``.
     The final delta, and only it, has ``finish_reason`` (``"stop"``: EOS or a stop
-    string; ``"length"``: ``max_tokens`` or the model window) and the usage:
-    ``prompt_tokens`` (after the chat template) and ``completion_tokens``.
+    string, or a JSON object closed; ``"length"``: ``max_tokens`` or the model window)
+    and the usage: ``prompt_tokens`` (after the chat template) and ``completion_tokens``.
+    ``logprobs`` (only when the request asked for them): one ``logprob_entry`` per
+    completion token this delta accounts for, EOS excluded, in order.
     """
 
     text: str
@@ -95,6 +144,7 @@ class GenerationDelta:
     finish_reason: FinishReason | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    logprobs: list[dict[str, Any]] | None = None
 
 
 @runtime_checkable
@@ -179,10 +229,104 @@ def validate_sampling(sp: SamplingParams) -> None:
         raise InvalidInput(f"seed must be a 64-bit integer or null, got {s!r}", field="seed")
     if not isinstance(sp.stop, list | tuple) or not all(isinstance(x, str) and x for x in sp.stop):
         raise InvalidInput("stop must be a list of non-empty strings", field="stop")
+    for name in ("presence_penalty", "frequency_penalty"):
+        v = getattr(sp, name)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not -2.0 <= v <= 2.0:
+            raise InvalidInput(f"{name} must be a number in [-2, 2], got {v!r}", field=name)
+    lb = sp.logit_bias
+    if not isinstance(lb, dict):
+        raise InvalidInput("logit_bias must map token ids to numbers", field="logit_bias")
+    for tid, bias in lb.items():
+        if isinstance(tid, bool) or not isinstance(tid, int) or tid < 0:
+            raise InvalidInput(
+                f"logit_bias: {tid!r} is not a token id (a non-negative integer)",
+                field="logit_bias",
+            )
+        if (
+            isinstance(bias, bool)
+            or not isinstance(bias, int | float)
+            or not -100.0 <= bias <= 100.0
+        ):
+            raise InvalidInput(
+                f"logit_bias: the bias of token {tid} must be a number in [-100, 100], "
+                f"got {bias!r}",
+                field="logit_bias",
+            )
+    k = sp.logprobs
+    if k is not None and (
+        isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_TOP_LOGPROBS
+    ):
+        raise InvalidInput(
+            f"logprobs: alternatives per token must be 0..{MAX_TOP_LOGPROBS}, got {k!r}",
+            field="logprobs",
+        )
+    if sp.response_format not in ("text", "json_object"):
+        raise InvalidInput(
+            f"response_format must be text or json_object, got {sp.response_format!r}",
+            field="response_format",
+        )
 
 
-def validate_request(req: GenerationRequest) -> None:
-    """Check a request: its id, exactly one of prompt / messages, and its sampling.
+def check_features(sp: SamplingParams, supported: frozenset[str], engine: str) -> None:
+    """Refuse a request that uses an optional feature the engine does not implement.
+
+    Raises:
+        InvalidInput: naming the OpenAI parameter (``FEATURES``; docs/api.md §5.1).
+    """
+    for feature in sp.features():
+        if feature not in supported:
+            param = FEATURES[feature]
+            if feature == "penalties" and not sp.presence_penalty:
+                param = "frequency_penalty"
+            raise InvalidInput(
+                f"{param}: not supported by this model's engine ({engine}); see docs/api.md §5.1",
+                field=param,
+            )
+
+
+def check_logit_bias(sp: SamplingParams, vocab_size: int) -> None:
+    """Every ``logit_bias`` key is a token id of the model's vocabulary (``0 ..
+    vocab_size - 1``).
+
+    Raises:
+        InvalidInput: naming ``logit_bias`` and the first id outside the vocabulary.
+    """
+    bad = sorted(t for t in sp.logit_bias if t >= vocab_size)
+    if bad:
+        raise InvalidInput(
+            f"logit_bias: token id {bad[0]} is not in the model's vocabulary "
+            f"(ids 0..{vocab_size - 1})",
+            field="logit_bias",
+        )
+
+
+def logprob_entry(
+    token: bytes, logprob: float, top: Sequence[tuple[bytes, float]] = ()
+) -> dict[str, Any]:
+    """One completion token's log probability in OpenAI's chat shape: ``{"token",
+    "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}, ...]}``.
+    ``token``: the token's UTF-8 bytes (a token that is part of a character is
+    shown with replacement characters, its ``bytes`` exact); log probabilities are
+    floored at ``MIN_LOGPROB``."""
+
+    def one(b: bytes, lp: float) -> dict[str, Any]:
+        return {
+            "token": b.decode("utf-8", "replace"),
+            "logprob": MIN_LOGPROB if math.isnan(lp) else min(0.0, max(float(lp), MIN_LOGPROB)),
+            "bytes": list(b),
+        }
+
+    entry = one(token, logprob)
+    entry["top_logprobs"] = [one(b, lp) for b, lp in top]
+    return entry
+
+
+def validate_request(
+    req: GenerationRequest, features: frozenset[str] | None = None, engine: str = "this engine"
+) -> None:
+    """Check a request: its id, exactly one of prompt / messages, and its sampling;
+    with ``features`` (those of the engine named ``engine``), also that it uses no
+    other optional feature (``check_features``).
 
     Raises:
         InvalidInput: naming the field (``request_id``, ``prompt``, ``messages``,
@@ -214,63 +358,8 @@ def validate_request(req: GenerationRequest) -> None:
                     field=f"messages[{i}].content",
                 )
     validate_sampling(req.sampling)
-
-
-class StopMatcher:
-    """Cuts a text stream at the first stop string, never emitting any part of it.
-
-    ``feed`` takes the next piece of text and returns what is safe to emit: text
-    that could still be the start of a stop string is held back until the stream
-    proves otherwise. Once a stop string completes, ``stopped`` is true and the
-    text before it (and nothing after) has been emitted. When the stream ends for
-    another reason, ``flush`` returns the held-back text.
-    """
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self._stops = [s for s in dict.fromkeys(stops) if s]
-        self._held = ""
-        self.stopped = False
-
-    @property
-    def held(self) -> str:
-        """Text received but not yet emitted."""
-        return self._held
-
-    def feed(self, text: str) -> str:
-        """Add ``text``; return the part now safe to emit ("" once stopped)."""
-        if self.stopped:
-            return ""
-        buf = self._held + text
-        if not self._stops:
-            self._held = ""
-            return buf
-        cut = -1
-        for s in self._stops:
-            i = buf.find(s)
-            if i != -1 and (cut == -1 or i < cut):
-                cut = i
-        if cut != -1:
-            self.stopped = True
-            self._held = ""
-            return buf[:cut]
-        keep = self._longest_partial(buf)
-        self._held = buf[len(buf) - keep :]
-        return buf[: len(buf) - keep]
-
-    def flush(self) -> str:
-        """The held-back text, when the stream ended without a stop string."""
-        out, self._held = ("" if self.stopped else self._held), ""
-        return out
-
-    def _longest_partial(self, buf: str) -> int:
-        """Length of the longest suffix of ``buf`` that is a proper prefix of a stop."""
-        best = 0
-        for s in self._stops:
-            for n in range(min(len(s) - 1, len(buf)), best, -1):
-                if buf.endswith(s[:n]):
-                    best = n
-                    break
-        return best
+    if features is not None:
+        check_features(req.sampling, features, engine)
 
 
 _LONGEST: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()

@@ -9,6 +9,12 @@ scan (ijson: no ``messages`` tree is built) after capping the body at
 ``max_generate_body_bytes`` (413 before any parsing); the worker parses the rest. Errors use
 the OpenAI envelope ``{"error": {message, type, param, code}}``.
 
+Every OpenAI parameter is honoured or refused with a 400 naming it (docs/api.md §5.1:
+the worker parses the body strictly, ``sie.engines.openai_params``, and refuses what its
+engine cannot do before accepting, so a refusal is a plain 400, never a broken stream).
+The response shapes, log probabilities included, are ``sie.http.generation_format``'s.
+``user`` / ``safety_identifier`` are recorded as the request span's ``enduser.id``.
+
 ``stream: true`` answers ``text/event-stream``: ``data: {json}`` per delta (the first
 carries the role), a last chunk with ``finish_reason``, a usage chunk when
 ``stream_options.include_usage``, then ``data: [DONE]``. A failure after the stream
@@ -23,10 +29,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import ijson
+from opentelemetry import trace
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
@@ -34,11 +42,12 @@ from sie.core.errors import GatewayTimeout, InvalidInput, SieError, UnsupportedM
 from sie.core.nesting import DEFAULT_MAX_DEPTH, too_deep
 from sie.http.disconnect import CLIENT_CLOSED_REQUEST
 from sie.http.errors import openai_error
+from sie.http.generation_format import GenerationFormat
 from sie.http.negotiation import check_charset, decode_off_loop, is_msgpack, read_body
 from sie.roles.gateway import GatewayRole
 from sie.roles.gateway.generation import chunk_error
 
-__all__ = ["chat_completions", "completions", "generate", "scan_routing_fields"]
+__all__ = ["RoutingFields", "chat_completions", "completions", "generate", "scan_routing_fields"]
 
 
 #: Bytes the token walk feeds its C parser at once: long strings cost the square of
@@ -46,11 +55,22 @@ __all__ = ["chat_completions", "completions", "generate", "scan_routing_fields"]
 SCAN_CHUNK_BYTES = 256 * 1024
 
 
-def scan_routing_fields(
-    body: bytes, max_depth: int = DEFAULT_MAX_DEPTH
-) -> tuple[str | None, bool, bool]:
-    """``(model, stream, include_usage)`` from the top level of a JSON body, by a
-    streaming token walk (nested values are skipped, never built).
+@dataclass(frozen=True, slots=True)
+class RoutingFields:
+    """What the gateway reads of a generation body: ``model``, ``stream``,
+    ``stream_options.include_usage`` / ``include_obfuscation`` and the end-user id
+    (``user``, else ``safety_identifier``)."""
+
+    model: str | None = None
+    stream: bool = False
+    include_usage: bool = False
+    include_obfuscation: bool = False
+    user: str | None = None
+
+
+def scan_routing_fields(body: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> RoutingFields:
+    """The ``RoutingFields`` of the top level of a JSON body, by a streaming token walk
+    (nested values are skipped, never built; the worker validates every field).
 
     Linear in the body and bounded in memory: the walk keeps only its depth and the
     current top-level key, and stops at ``max_depth`` (docs/security.md "Limits").
@@ -61,7 +81,8 @@ def scan_routing_fields(
             key it lies under), or ``model`` / ``stream`` of the wrong type.
     """
     model: str | None = None
-    stream = include_usage = False
+    stream = include_usage = include_obfuscation = False
+    users: dict[str, str] = {}
     depth = 0
     key: str | None = None  # the top-level key whose value is being read
     sub: str | None = None  # the key inside stream_options
@@ -95,6 +116,10 @@ def scan_routing_fields(
                 stream = value
             elif depth == 2 and key == "stream_options" and sub == "include_usage":
                 include_usage = event == "boolean" and value
+            elif depth == 2 and key == "stream_options" and sub == "include_obfuscation":
+                include_obfuscation = event == "boolean" and value
+            elif depth == 1 and key in ("user", "safety_identifier") and event == "string":
+                users[key] = value
     except ijson.JSONError as exc:  # its first line says what; later ones quote the body
         raw = exc.args[0] if exc.args else ""
         text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
@@ -105,65 +130,12 @@ def scan_routing_fields(
         raise InvalidInput(
             f"{where}: not valid Unicode (a lone surrogate or invalid UTF-8)", field=where
         ) from exc
-    return model, stream, include_usage
+    user = users.get("user") or users.get("safety_identifier")
+    return RoutingFields(model, stream, include_usage, include_obfuscation, user)
 
 
 def _sse(data: Any) -> bytes:
     return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
-
-
-class _Format:
-    """Response shapes of one route."""
-
-    def __init__(self, route: str, model: str, request_id: str) -> None:
-        self.route = route
-        self.model = model
-        self.id = ("chatcmpl-" if route == "chat" else "cmpl-") + request_id.replace("-", "")
-        self.created = int(time.time())
-
-    def _base(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
-
-    @staticmethod
-    def usage(prompt: int, completion: int) -> dict[str, int]:
-        return {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        }
-
-    def whole(self, text: str, finish: str | None, prompt: int, completion: int) -> Any:
-        usage = self.usage(prompt, completion)
-        if self.route == "chat":
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": finish,
-                "logprobs": None,
-            }
-            return {**self._base("chat.completion"), "choices": [choice], "usage": usage}
-        if self.route == "completions":
-            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-            return {**self._base("text_completion"), "choices": [choice], "usage": usage}
-        return {"model": self.model, "text": text, "finish_reason": finish, "usage": usage}
-
-    def delta(self, text: str | None, finish: str | None, *, first: bool = False) -> Any:
-        if self.route == "chat":
-            d: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
-            if text:
-                d["content"] = text
-            choice = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
-            return {**self._base("chat.completion.chunk"), "choices": [choice]}
-        if self.route == "completions":
-            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-            return {**self._base("text_completion"), "choices": [choice]}
-        return {"model": self.model, "text": text or "", "finish_reason": finish}
-
-    def usage_chunk(self, prompt: int, completion: int) -> Any:
-        obj = "chat.completion.chunk" if self.route == "chat" else "text_completion"
-        if self.route == "native":
-            return {"model": self.model, "usage": self.usage(prompt, completion)}
-        return {**self._base(obj), "choices": [], "usage": self.usage(prompt, completion)}
 
 
 class GenerationResponse:
@@ -180,6 +152,7 @@ class GenerationResponse:
         stream: bool,
         include_usage: bool,
         request_id: str,
+        include_obfuscation: bool = False,
         pool: str | None,
         machine_profile: str | None,
     ) -> None:
@@ -192,7 +165,13 @@ class GenerationResponse:
         self.request_id = request_id
         self.pool = pool
         self.machine_profile = machine_profile
-        self.fmt = _Format(route, model, request_id)
+        self.fmt = GenerationFormat(
+            route,
+            model,
+            request_id,
+            include_usage=stream and include_usage,
+            obfuscate=stream and include_obfuscation,
+        )
         self.worker_id: str | None = None
         self.trace_headers: dict[str, str] = {}
         self.t0 = time.monotonic()
@@ -302,6 +281,7 @@ class GenerationResponse:
         ) as gen:
             self.worker_id = gen.worker_id
             parts: list[str] = []
+            logprobs: list[Any] | None = None  # log-probability entries, when asked for
             finish: str | None = None
             prompt = completion = 0
             if self.stream:
@@ -314,6 +294,7 @@ class GenerationResponse:
                     async for chunk in gen.chunks:
                         if chunk.error_code is not None:
                             raise chunk_error(chunk)
+                        lps = chunk.logprobs if isinstance(chunk.logprobs, list) else None
                         if chunk.text:
                             now = time.monotonic()
                             if last is None:
@@ -321,10 +302,13 @@ class GenerationResponse:
                             else:
                                 gw.metrics.generation_itl.labels(model).observe(now - last)
                             last = now
-                            if self.stream:
-                                await write(_sse(self.fmt.delta(chunk.text, None)))
-                            else:
-                                parts.append(chunk.text)
+                        if self.stream and (chunk.text or lps):
+                            await write(_sse(self.fmt.delta(chunk.text, None, entries=lps)))
+                        elif not self.stream:
+                            parts.append(chunk.text)
+                            if lps is not None:
+                                logprobs = [] if logprobs is None else logprobs
+                                logprobs.extend(lps)
                         if chunk.done:
                             finish = chunk.finish_reason
                             prompt = chunk.prompt_tokens or 0
@@ -338,7 +322,7 @@ class GenerationResponse:
                     request_id=self.request_id,
                 ) from None
         if not self.stream:
-            whole = self.fmt.whole("".join(parts), finish, prompt, completion)
+            whole = self.fmt.whole("".join(parts), finish, prompt, completion, logprobs)
             return json.dumps(whole, ensure_ascii=False).encode()
         await write(_sse(self.fmt.delta(None, finish)))
         if self.include_usage:
@@ -381,9 +365,10 @@ async def _handle(request: Request, route: str, path_model: str | None = None) -
             )
         check_charset(content_type)  # 415 before reading
         body = await read_body(request, gateway.limits.max_generate_body_bytes)  # 413 first
-        model, stream, include_usage = await decode_off_loop(scan_routing_fields, body)
-        if path_model is not None:
-            model = path_model
+        fields = await decode_off_loop(scan_routing_fields, body)
+        model = fields.model if path_model is None else path_model
+        if fields.user:  # OpenAI's end-user id: recorded on the request's span
+            trace.get_current_span().set_attribute("enduser.id", fields.user[:256])
         request.state.model, request.state.items = model, 1  # the access line
         if not model:
             raise InvalidInput("model: required", field="model")
@@ -395,8 +380,9 @@ async def _handle(request: Request, route: str, path_model: str | None = None) -
         route,
         model,
         body,
-        stream=stream,
-        include_usage=include_usage,
+        stream=fields.stream,
+        include_usage=fields.include_usage,
+        include_obfuscation=fields.include_obfuscation,
         request_id=request.state.request_id,
         pool=request.headers.get("x-sie-pool"),
         machine_profile=request.headers.get("x-sie-machine-profile"),

@@ -91,14 +91,21 @@ class EncodeRequest(_Lenient):
     params: EncodeParams | None = None
 
 
-class EmbeddingsRequest(_Lenient):
-    """OpenAI ``POST /v1/embeddings``. ``user`` is accepted and ignored."""
+class EmbeddingsRequest(BaseModel):
+    """OpenAI ``POST /v1/embeddings`` (docs/api.md §5.1, §6): unknown fields are refused.
+    ``user`` is recorded as the request span's ``enduser.id``; ``truncate`` (TEI's
+    name) and ``truncate_prompt_tokens`` (vLLM's: -1 = the model's limit, k >= 1 = at
+    most k tokens) bound each input."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: StrictStr
     input: Text | list[Text]
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Literal["float", "base64"] | None = None
     dimensions: StrictInt | None = Field(default=None, gt=0)
-    user: StrictStr | None = None
+    user: Text | None = None
+    truncate: StrictBool | None = None
+    truncate_prompt_tokens: StrictInt | None = Field(default=None, ge=-1)
 
 
 class ScoreRequest(_Lenient):

@@ -7,15 +7,26 @@ OpenAI-compatible server, deterministic and scripted.
 - ``FakeAsyncLLM``: exactly the subset of vLLM's ``AsyncLLM`` that
   ``sie.engines.generators.vllm_engine.VllmGenerator`` uses: ``generate(prompt, sampling_params,
   request_id)`` (an async generator of cumulative ``RequestOutput``s: text, token ids,
-  ``finish_reason``), ``abort(request_id)`` (a final output with ``finish_reason
+  ``finish_reason``, and with ``logprobs`` per position ``{token_id: Logprob}`` holding
+  the sampled token and the top ``logprobs`` by rank), ``abort(request_id)`` (a final output with ``finish_reason
   "abort"``, as vLLM >= 0.10 produces), ``get_tokenizer()``, ``vllm_config`` and
   ``shutdown()``. A scheduler thread plays vLLM's engine core: ``max_num_seqs`` running
   slots and a block-granular KV cache, one token per running request per step. Stop
   strings follow vLLM: streamed text holds back ``len(longest stop) - 1`` characters,
   the final text is cut before the stop, the token that completed it is counted. EOS is
-  a completion token without text.
+  a completion token without text. The fake model's logits at each step: the scripted
+  token 10, twenty other words 5, 4.75, 4.5, ..., every other id of the 32000-token
+  vocabulary 0; ``logit_bias`` is added before the greedy choice (so +100 forces a
+  token and -100 bans the scripted one, which falls to the best alternative); log
+  probabilities are of the raw logits (vLLM's default). Structured outputs
+  ``json_object`` script ``{"answer": <the first 8 words of the plain continuation>}``.
+  Penalties are validated as vLLM does and have no effect on the scripted words.
+  Validation errors are ``ValueError`` with vLLM's wording (out-of-vocabulary
+  ``logit_bias`` ids, ``logprobs`` over ``max_logprobs`` 20, penalties outside [-2, 2]).
 - ``FakeVllm``: stands in for the ``vllm`` module (``AsyncEngineArgs``,
-  ``SamplingParams``, ``AsyncLLMEngine.from_engine_args``), injected into
+  ``SamplingParams``, ``sampling_params.StructuredOutputsParams`` (vLLM >= 0.11; with
+  ``legacy_guided=True`` the older ``GuidedDecodingParams`` instead),
+  ``AsyncLLMEngine.from_engine_args``), injected into
   ``VllmGenerator(..., vllm_module=FakeVllm())``; it can publish the engine's gauges to
   a ``CollectorRegistry`` under vLLM's metric names, as vLLM does in-process.
 - ``FakeVllmServer``: a Starlette app with vLLM's OpenAI-compatible
@@ -67,6 +78,7 @@ __all__ = [
     "COUNTING",
     "FRANCE",
     "FRANCE_ANSWER",
+    "VOCAB_SIZE",
     "AsyncEngineArgs",
     "CompletionOutput",
     "FakeAsyncLLM",
@@ -74,8 +86,11 @@ __all__ = [
     "FakeVllm",
     "FakeVllmServer",
     "Fault",
+    "GuidedDecodingParams",
+    "Logprob",
     "RequestOutput",
     "SamplingParams",
+    "StructuredOutputsParams",
     "serve",
 ]
 
@@ -101,6 +116,10 @@ _SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 _PIECE = re.compile(r"<\|[a-z_]+\|>|\s*\w+|\s*(?!<\|[a-z_]+\|>)[^\s\w]|\s+")
 
 
+#: The fake vocabulary's size (ids never seen as a piece decode as `` t<id>``).
+VOCAB_SIZE = 32000
+
+
 class _Vocab:
     """Piece <-> id, grown on first sight; shared by every FakeTokenizer of the process
     (the fake server and the tests agree on ids)."""
@@ -114,9 +133,13 @@ class _Vocab:
         with self._lock:
             got = self.ids.get(piece)
             if got is None:
+                assert len(self.pieces) < VOCAB_SIZE, "the fake vocabulary is full"
                 got = self.ids[piece] = len(self.pieces)
                 self.pieces.append(piece)
             return got
+
+    def piece(self, tid: int) -> str:
+        return self.pieces[tid] if tid < len(self.pieces) else f" t{tid}"
 
 
 _VOCAB = _Vocab()
@@ -147,7 +170,10 @@ class FakeTokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         skip = set(self.all_special_ids) if skip_special_tokens else set()
-        return "".join(_VOCAB.pieces[i] for i in ids if i not in skip)
+        return "".join(_VOCAB.piece(i) for i in ids if i not in skip)
+
+    def __len__(self) -> int:
+        return VOCAB_SIZE
 
     def apply_chat_template(
         self,
@@ -171,9 +197,35 @@ class FakeTokenizer:
 # ---------------------------------------------------------------- vLLM's value types
 
 
+@dataclass
+class StructuredOutputsParams:
+    """vLLM's ``StructuredOutputsParams`` (exactly one constraint; the fake plays
+    ``json_object`` only)."""
+
+    json: Any = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self) -> None:
+        count = sum(
+            v is not None
+            for v in (self.json, self.regex, self.choice, self.grammar, self.json_object)
+        )
+        if count != 1:
+            raise ValueError("You must use one kind of structured outputs constraint")
+
+
+@dataclass
+class GuidedDecodingParams(StructuredOutputsParams):
+    """vLLM < 0.11's name for the same parameters (``guided_decoding=``)."""
+
+
 @dataclass(kw_only=True)
 class SamplingParams:
-    """vLLM's ``SamplingParams``, the fields sie uses (unknown keywords: TypeError)."""
+    """vLLM's ``SamplingParams``, the fields sie uses (unknown keywords: TypeError),
+    checked as vLLM's ``_verify_args`` checks them (``ValueError``)."""
 
     n: int = 1
     max_tokens: int | None = 16
@@ -183,12 +235,57 @@ class SamplingParams:
     stop: list[str] | str | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    logprobs: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_decoding: GuidedDecodingParams | None = None
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}.")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}.")
+        if not 0.0 <= self.temperature <= 2.0:
+            raise ValueError(f"temperature must be in [0, 2], got {self.temperature}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+        if self.logprobs is not None and self.logprobs != -1 and self.logprobs < 0:
+            raise ValueError(f"logprobs must be non-negative or -1, got {self.logprobs}.")
+        if any(not s for s in self.stops):
+            raise ValueError("stop cannot contain an empty string.")
+        if self.logit_bias is not None:
+            self.logit_bias = {
+                int(t): min(100.0, max(-100.0, b)) for t, b in self.logit_bias.items()
+            }
 
     @property
     def stops(self) -> list[str]:
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+
+    @property
+    def json_object(self) -> bool:
+        so = self.structured_outputs or self.guided_decoding
+        return so is not None and bool(so.json_object)
+
+
+@dataclass
+class Logprob:
+    """vLLM's ``Logprob``: one token's log probability, rank and text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+#: vLLM's default ``max_logprobs``.
+MAX_LOGPROBS = 20
 
 
 #: AsyncEngineArgs fields the fake accepts (all real vLLM engine arguments).
@@ -275,6 +372,21 @@ class _Req:
     out_ids: list[int] = field(default_factory=list)
     text: str = ""
     finished: bool = False
+    logprobs: list[dict[int, Logprob]] | None = None  # per position, when asked for
+
+
+def _alternatives(prompt_ids: list[int], n: int, avoid: int) -> list[int]:
+    """Twenty distinct word ids, other than ``avoid``, for step ``n`` of a prompt."""
+    digest = hashlib.sha256(f"{prompt_ids}\0{n}".encode()).digest()
+    start = int.from_bytes(digest[:4], "big")
+    out: list[int] = []
+    for i in range(len(_WORDS)):
+        tid = _VOCAB.id_of(" " + _WORDS[(start + i) % len(_WORDS)])
+        if tid != avoid and tid not in out:
+            out.append(tid)
+        if len(out) == 20:
+            break
+    return out
 
 
 def _continuation(prompt: str) -> str:
@@ -383,12 +495,25 @@ class FakeAsyncLLM:
         max_tokens = sp.max_tokens if sp.max_tokens is not None else self.max_model_len - len(ids)
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}.")
+        bad = sorted(t for t in (sp.logit_bias or {}) if not 0 <= t < VOCAB_SIZE)
+        if bad:
+            raise ValueError(
+                f"token_id(s) {bad} in logit_bias contain out-of-vocab token ids. "
+                f"Vocabulary size: {VOCAB_SIZE}"
+            )
+        if sp.logprobs is not None and sp.logprobs > MAX_LOGPROBS:
+            raise ValueError(
+                f"Requested sample logprobs of {sp.logprobs}, which is greater than max "
+                f"allowed: {MAX_LOGPROBS}"
+            )
         text = self.tokenizer.decode(ids)
         if sp.temperature > 0:
             seed = sp.seed if sp.seed is not None else random.SystemRandom().getrandbits(64)
             cont = _words(text, random.Random(f"{text}\0{seed}"))
         else:
             cont = _continuation(text)
+        if sp.json_object:
+            cont = json.dumps({"answer": " ".join(cont.split()[:8])})
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[object] = asyncio.Queue()
 
@@ -403,6 +528,7 @@ class FakeAsyncLLM:
             max_tokens=max_tokens,
             script=self.tokenizer.encode(cont, add_special_tokens=False),
             deliver=deliver,
+            logprobs=[] if sp.logprobs is not None else None,
         )
         with self._cond:
             if self._stopping:
@@ -505,7 +631,7 @@ class FakeAsyncLLM:
     def _advance_locked(self, r: _Req) -> RequestOutput:
         eos = self.tokenizer.eos_token_id
         n = len(r.out_ids)
-        tok = r.script[n] if n < len(r.script) else eos
+        tok = self._choose(r, r.script[n] if n < len(r.script) else eos, n)
         r.out_ids.append(tok)
         stops = r.params.stops if self.honour_stop else []
         reason: str | None = None
@@ -513,7 +639,7 @@ class FakeAsyncLLM:
         if tok == eos:
             reason = "stop"
         else:
-            r.text += _VOCAB.pieces[tok]
+            r.text += _VOCAB.piece(tok)
             hits = [(r.text.find(s), s) for s in stops if s in r.text]
             if hits:
                 cut, stop_reason = min(hits)
@@ -534,6 +660,31 @@ class FakeAsyncLLM:
             visible = r.text[: len(r.text) - hold] if hold else r.text
         return self._output(r, reason, stop_reason, visible)
 
+    def _choose(self, r: _Req, scripted: int, n: int) -> int:
+        """The fake model's step (module docstring): raw logits, ``logit_bias``, the
+        greedy pick, and the position's log probabilities when asked for."""
+        alts = _alternatives(r.prompt_ids, n, scripted)
+        raw = {scripted: 10.0, **{t: 5.0 - 0.25 * i for i, t in enumerate(alts)}}
+        biased = dict(raw)
+        for t, b in (r.params.logit_bias or {}).items():
+            biased[t] = biased.get(t, 0.0) + b
+        best = max(biased, key=lambda t: (biased[t], t == scripted))
+        if r.logprobs is not None:
+            log_z = math.log(sum(math.exp(v) for v in raw.values()) + VOCAB_SIZE - len(raw))
+            ranked = sorted(raw, key=lambda t: -raw[t])
+            k = r.params.logprobs or 0
+            step = {
+                t: Logprob(raw[t] - log_z, i + 1, self.tokenizer.decode([t], True))
+                for i, t in enumerate(ranked[:k])
+            }
+            if best not in step:
+                rank = ranked.index(best) + 1 if best in raw else len(raw) + 1
+                step[best] = Logprob(
+                    raw.get(best, 0.0) - log_z, rank, self.tokenizer.decode([best], True)
+                )
+            r.logprobs.append(step)
+        return best
+
     @staticmethod
     def _output(r: _Req, reason: str | None, stop_reason: str | None, text: str) -> RequestOutput:
         return RequestOutput(
@@ -546,6 +697,7 @@ class FakeAsyncLLM:
                     index=0,
                     text=text,
                     token_ids=list(r.out_ids),
+                    logprobs=list(r.logprobs) if r.logprobs is not None else None,
                     finish_reason=reason,
                     stop_reason=stop_reason,
                 )
@@ -595,6 +747,8 @@ class FakeVllm:
     Args:
         registry: where each engine built publishes its gauges (as vLLM does in the
             process-wide prometheus registry); None publishes nothing.
+        legacy_guided: expose vLLM < 0.11's ``GuidedDecodingParams`` instead of
+            ``StructuredOutputsParams`` under ``sampling_params``.
         engine_kw: ``FakeAsyncLLM`` keywords (``max_num_seqs`` and ``max_model_len``
             come from the engine arguments when given there).
 
@@ -606,7 +760,20 @@ class FakeVllm:
     SamplingParams = SamplingParams
     AsyncEngineArgs = AsyncEngineArgs
 
-    def __init__(self, *, registry: CollectorRegistry | None = None, **engine_kw: Any) -> None:
+    def __init__(
+        self,
+        *,
+        registry: CollectorRegistry | None = None,
+        legacy_guided: bool = False,
+        **engine_kw: Any,
+    ) -> None:
+        self.sampling_params = SimpleNamespace(
+            **(
+                {"GuidedDecodingParams": GuidedDecodingParams}
+                if legacy_guided
+                else {"StructuredOutputsParams": StructuredOutputsParams}
+            )
+        )
         self.registry = registry
         self.engine_kw = engine_kw
         self.engine_args: dict[str, Any] = {}

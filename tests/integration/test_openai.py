@@ -68,10 +68,10 @@ def test_dimensions(client: httpx.Client) -> None:
     ("payload", "param"),
     [
         ({"model": MINILM, "input": [1, 2, 3]}, "input"),
-        ({"model": MINILM, "input": [[1, 2], [3]]}, "input"),
+        ({"model": MINILM, "input": [[1, 2], [3]]}, "input[0]"),
         ({"model": MINILM, "input": []}, "input"),
         ({"model": MINILM, "input": ""}, "input"),
-        ({"model": MINILM, "input": ["ok", ""]}, "input"),
+        ({"model": MINILM, "input": ["ok", ""]}, "input[1]"),
         ({"model": MINILM}, "input"),
         ({"input": "x"}, "model"),
         ({"model": MINILM, "input": "x", "encoding_format": "hex"}, "encoding_format"),
@@ -93,14 +93,16 @@ def test_bad_requests_use_openai_envelope(client: httpx.Client, payload: dict, p
         ({"model": MINILM, "input": 5}, "input: expected a string or a list of strings"),
         ({"model": MINILM, "input": {}}, "input: expected a string or a list of strings"),
         ({"model": MINILM, "input": ["x"] * 5000}, "input: at most 4096"),
-        ({"model": MINILM, "input": "y" * 1_000_001}, "input[0]: 1000001 characters"),
+        ({"model": MINILM, "input": "y" * 1_000_001}, "input: 1000001 characters"),
+        ({"model": MINILM, "input": ["a", "y" * 1_000_001]}, "input[1]: 1000001 characters"),
     ],
 )
-def test_input_errors_name_input(client: httpx.Client, payload: dict, needle: str) -> None:
+def test_input_errors_name_the_element(client: httpx.Client, payload: dict, needle: str) -> None:
+    """``param`` names the element (``input[1]``), or ``input`` when the whole is wrong."""
     r = client.post("/v1/embeddings", json=payload)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
-    assert err["param"] == "input" and err["message"].startswith(needle), err
+    assert err["param"] == needle.split(":")[0] and err["message"].startswith(needle), err
 
 
 def test_lone_surrogate_is_a_400(client: httpx.Client) -> None:
@@ -121,8 +123,12 @@ def test_wrong_method_and_metrics(client: httpx.Client) -> None:
 
 
 def test_token_ids_message(client: httpx.Client) -> None:
-    r = client.post("/v1/embeddings", json={"model": MINILM, "input": [101, 102]})
-    assert "token-id" in r.json()["error"]["message"]
+    """Token ids are refused with the fix LangChain's users need (docs/api.md §6)."""
+    for inp, param in (([101, 102], "input"), ([[101, 102]], "input[0]")):
+        r = client.post("/v1/embeddings", json={"model": MINILM, "input": inp})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+        assert "token-id" in r.json()["error"]["message"]
+        assert "check_embedding_ctx_length=False" in r.json()["error"]["message"]
 
 
 def test_unknown_model_and_malformed_body(client: httpx.Client) -> None:

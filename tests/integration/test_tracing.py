@@ -163,3 +163,37 @@ def test_a_chat_request_traces_the_generation_spans(spans: InMemorySpanExporter)
         assert proxy.attributes["sie.model"] == llm and proxy.attributes["sie.request_id"]
         assert worker.attributes["sie.request_id"] == proxy.attributes["sie.request_id"]
         assert worker.attributes["sie.model"] == llm and worker.attributes["sie.attempt_id"]
+
+
+def test_openai_user_is_the_request_span_enduser_id(spans: InMemorySpanExporter) -> None:
+    """OpenAI's ``user`` / ``safety_identifier`` are honoured as the ``gateway.request``
+    span's ``enduser.id`` (docs/api.md §5.1)."""
+    llm = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    with (
+        run_stack(preload=(llm, MINILM)) as stack,
+        httpx.Client(base_url=stack.base_url, timeout=60) as c,
+    ):
+        calls = [
+            ("/v1/embeddings", {"model": MINILM, "input": "x", "user": "ada"}, "7" * 32, "ada"),
+            (
+                "/v1/chat/completions",
+                {
+                    "model": llm,
+                    "messages": [{"role": "user", "content": "Hi"}],
+                    "max_tokens": 2,
+                    "safety_identifier": "bob",
+                },
+                "8" * 32,
+                "bob",
+            ),
+        ]
+        for path, body, trace_id, user in calls:
+            r = c.post(path, json=body, headers={"traceparent": f"00-{trace_id}-{'6' * 16}-01"})
+            assert r.status_code == 200, r.text
+
+            def request_span(tid: str = trace_id) -> Any:
+                got = [s for s in _finished(spans, tid) if s.name == "gateway.request"]
+                return got[0] if got else None
+
+            wait_for(lambda: request_span() is not None, 10)
+            assert request_span().attributes["enduser.id"] == user

@@ -25,6 +25,7 @@ from sie.engines.encoders.torchscript import TracedEncoder, trace_st_encoder
 from sie.engines.options import runtime_positive_int
 from sie.engines.runtime.batching import plan_padding_chunks
 from sie.engines.tokens import counting_tokenizer, torch_bytes
+from sie.engines.truncation import apply_truncation
 from sie.engines.weights import resolve_weights
 
 T = TypeVar("T")
@@ -184,8 +185,13 @@ class DenseEncoder:
         window = int(self._model.max_seq_length)
         rendered = [render_input(t, instruction, is_query, options) for t in texts]
         if self._counter is None:  # no fast tokenizer: estimate, docs/api.md §10 char count
+            apply_truncation(None, rendered, rendered, options, window, self.config.sie_id)
             return rendered, [max(1, min(window, len(t) // 4)) for t in rendered]
         clipped = [self._clip(t, window) for t in rendered]
+        # options truncate / max_input_tokens (docs/api.md §6)
+        clipped = apply_truncation(
+            self._counter, rendered, clipped, options, window, self.config.sie_id
+        )
         encs = self._counter.encode_batch(clipped)
         return clipped, [max(1, min(window, len(e.ids))) for e in encs]
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sie.engines.generation import SamplingParams, StopMatcher
+from sie.engines.generators.json_mode import JsonPrefix
 
 __all__ = ["DecodeBatch", "SeqState"]
 
@@ -38,6 +39,9 @@ class SeqState:
     aborted: bool = False
     done: bool = False  # finished; its row leaves the batch at the end of this step
     removed: threading.Event = field(default_factory=threading.Event)
+    json: JsonPrefix | None = None  # response_format json_object: the object so far
+    entry: dict[str, Any] | None = None  # the last sampled token's logprob entry
+    unsent_logprobs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def kv_tokens(self) -> int:

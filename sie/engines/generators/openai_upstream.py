@@ -336,16 +336,17 @@ class OpenAIUpstreamGenerator:
 
     def check_request(self, req: GenerationRequest) -> None:
         """Validate ``req``'s fields (the prompt against the window is the upstream's
-        to judge: its 400 becomes ``InvalidInput``).
+        to judge: its 400 becomes ``InvalidInput``). No optional feature is proxied
+        (docs/api.md §5.1): such a request is refused naming the parameter.
 
         Raises:
             InvalidInput: naming the field.
         """
-        validate_request(req)
+        validate_request(req, frozenset(), "openai_upstream")
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationDelta]:
         """Stream ``req``'s completion from the upstream (see ``GenerationEngine.generate``)."""
-        validate_request(req)
+        validate_request(req, frozenset(), "openai_upstream")
         if not self._loaded or self._inflight.closed:
             raise InferenceError(f"model {self.config.sie_id!r} is not loaded")
         rid = req.request_id

@@ -21,7 +21,9 @@ from sie.core.admission import EngineState
 from sie.core.errors import InferenceError, ShuttingDown
 from sie.engines.generation import FinishReason, GenerationDelta
 from sie.engines.generators.inflight import InFlight
+from sie.engines.generators.json_mode import token_bytes
 from sie.engines.generators.kv_batch import DecodeBatch, SeqState
+from sie.engines.generators.sampling import adjust, choose, logprob_entries
 from sie.engines.runtime.threads import cpu_cores
 
 __all__ = ["CLOSE", "LoadedLM", "Scheduler"]
@@ -87,6 +89,7 @@ class Scheduler:
         self._inflight: InFlight[SeqState] = InFlight(sie_id)
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._token_bytes: list[bytes] | None = None
 
     def start(self) -> None:
         """Start the scheduler thread."""
@@ -322,18 +325,25 @@ class Scheduler:
             self._keep_rows(batch, sorted(keep + aborted))
 
     def _sample(self, logits: Any, seq: SeqState) -> int:
+        """The next token of ``seq`` (``sie.engines.generators.sampling``); records its
+        log-probability entry when the request asked for them."""
         torch = self._torch
         sp = seq.sampling
-        row = logits.float().cpu()
-        if sp.temperature == 0:
-            return int(torch.argmax(row))
-        probs = torch.softmax(row / sp.temperature, dim=-1)
-        if sp.top_p < 1.0:
-            sorted_p, order = torch.sort(probs, descending=True)
-            cum = torch.cumsum(sorted_p, dim=-1)
-            sorted_p[(cum - sorted_p) >= sp.top_p] = 0.0  # keep the smallest head >= top_p
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
-        return int(torch.multinomial(probs, 1, generator=seq.generator))
+        raw = logits.float().cpu()
+        row = adjust(torch, raw, sp, seq.text_ids)
+        table = self._table() if seq.json is not None or sp.logprobs is not None else None
+        tid, state = choose(torch, row, sp, seq.generator, seq.json, table, self._eos)
+        if state is not None:
+            seq.json = state
+        if sp.logprobs is not None and table is not None:
+            seq.entry = logprob_entries(torch, raw, tid, sp.logprobs, table)
+        return tid
+
+    def _table(self) -> list[bytes]:
+        """Each token id's bytes (``json_mode.token_bytes``; built on first use)."""
+        if self._token_bytes is None:
+            self._token_bytes = token_bytes(self._tokenizer)
+        return self._token_bytes
 
     def _detok(self, seq: SeqState, final: bool = False) -> str:
         """New text since the last call (held while it would end in split UTF-8)."""
@@ -365,9 +375,16 @@ class Scheduler:
         else:
             seq.text_ids.append(token)
             seq.pending = token
+            if seq.entry is not None:
+                seq.unsent_logprobs.append(seq.entry)
+                seq.entry = None
             text = seq.stop.feed(self._detok(seq))
             if seq.stop.stopped:
                 reason = "stop"
+            elif seq.json is not None and seq.json.complete:  # the object closed: done
+                reason = "stop"
+                text += seq.stop.feed(self._detok(seq, final=True))
+                text += seq.stop.flush()
             elif (
                 seq.out_count >= seq.max_new or len(seq.prompt_ids) + seq.out_count >= self._window
             ):
@@ -378,7 +395,10 @@ class Scheduler:
                     reason = "stop"
         if reason is None:
             if text:
-                if not seq.deliver(GenerationDelta(text=text, num_tokens=seq.unsent_tokens)):
+                delta = GenerationDelta(
+                    text=text, num_tokens=seq.unsent_tokens, logprobs=self._logprobs(seq)
+                )
+                if not seq.deliver(delta):
                     seq.aborted = True
                 seq.unsent_tokens = 0
             return False
@@ -392,8 +412,17 @@ class Scheduler:
                 finish_reason=reason,
                 prompt_tokens=len(seq.prompt_ids),
                 completion_tokens=seq.out_count,
+                logprobs=self._logprobs(seq),
             )
         )
         seq.deliver(CLOSE)
         seq.removed.set()
         return True
+
+    @staticmethod
+    def _logprobs(seq: SeqState) -> list[dict[str, Any]] | None:
+        """The entries of the tokens a delta accounts for (None: not asked for)."""
+        if seq.sampling.logprobs is None:
+            return None
+        out, seq.unsent_logprobs = seq.unsent_logprobs, []
+        return out

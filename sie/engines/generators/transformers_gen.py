@@ -27,8 +27,11 @@ and every tensor):
   attention) fall back to one cache per sequence (correct, unbatched), as does
   loadtime ``batched_decode: false``.
 * Sampling is per sequence with its own ``torch.Generator`` (seeded when the
-  request has a seed); temperature 0 is greedy. Text is detokenised incrementally
-  (no split UTF-8) and passed through ``StopMatcher``.
+  request has a seed); temperature 0 is greedy. Penalties, ``logit_bias``, log
+  probabilities and ``response_format`` ``json_object`` (every optional feature of
+  ``sie.engines.generation.FEATURES``; ``sie.engines.generators.sampling``, docs/api.md
+  §5.1) apply per sequence. Text is detokenised incrementally (no split UTF-8) and
+  passed through ``StopMatcher``.
 * Deltas go to the caller's event loop with ``call_soon_threadsafe`` into an anyio
   memory stream (asyncio backend), so the event loop never waits on the model.
 
@@ -55,10 +58,12 @@ import anyio
 from sie.core.config import ModelConfig, ResolvedProfile
 from sie.core.errors import InferenceError, ModelLoadFailed
 from sie.engines.generation import (
+    FEATURES,
     EngineState,
     GenerationDelta,
     GenerationRequest,
     StopMatcher,
+    check_logit_bias,
     prompt_token_ids,
     validate_request,
 )
@@ -68,6 +73,7 @@ from sie.engines.generators.gguf import (
     locate_weights,
     model_cache_root,
 )
+from sie.engines.generators.json_mode import JsonPrefix
 from sie.engines.generators.kv_batch import SeqState
 from sie.engines.generators.scheduler import CLOSE, LoadedLM, Scheduler
 from sie.engines.options import loadtime_positive_int
@@ -80,6 +86,9 @@ log = logging.getLogger(__name__)
 
 class TransformersGenerator:
     """A ``GenerationEngine`` over ``AutoModelForCausalLM`` with continuous batching."""
+
+    #: every optional request feature (docs/api.md §5.1)
+    features: frozenset[str] = frozenset(FEATURES)
 
     def __init__(
         self,
@@ -242,16 +251,18 @@ class TransformersGenerator:
         Raises:
             InvalidInput: naming the field.
         """
-        validate_request(req)
+        validate_request(req, self.features, "transformers")
         if self._tokenizer is not None:
+            check_logit_bias(req.sampling, len(self._tokenizer))
             self.encode_prompt(req)
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationDelta]:
         """Stream ``req``'s completion (see ``GenerationEngine.generate``)."""
-        validate_request(req)
+        validate_request(req, self.features, "transformers")
         sched = self._sched
         if self._model is None or sched is None:
             raise InferenceError(f"model {self.config.sie_id!r} is not loaded")
+        check_logit_bias(req.sampling, len(self._tokenizer))
         ids = await anyio.to_thread.run_sync(self.encode_prompt, req)
         sp = req.sampling
         room = self._window - len(ids)
@@ -288,6 +299,7 @@ class TransformersGenerator:
             deliver=deliver,
             generator=gen,
             stop=StopMatcher(sp.stop),
+            json=JsonPrefix() if sp.response_format == "json_object" else None,
         )
         sched.submit(seq)
         finished = False

@@ -15,11 +15,15 @@ public async API and back.
   ``max_sequence_length``), ``dtype`` (default the profile's ``compute_precision``, else
   vLLM's ``auto``), ``trust_remote_code``, ``enforce_eager``, and ``engine_args`` (a
   mapping passed to ``AsyncEngineArgs`` as is, for anything else).
-* ``generate`` tokenises itself (the engine's tokenizer; chat through its chat template
-  with the generation prompt, like the transformers engine, so prompt tokens agree) and
-  submits ``{"prompt_token_ids": ids}`` with ``SamplingParams(n=1, max_tokens,
-  temperature, top_p, seed, stop)``; ``max_tokens`` null becomes the room left in the
-  window. vLLM's outputs are cumulative (text and token ids): deltas are their growth.
+* ``generate`` tokenises itself (the engine's tokenizer, fetched at load; chat through
+  its chat template with the generation prompt, like the transformers engine, so
+  prompt tokens agree) and submits ``{"prompt_token_ids": ids}`` with the
+  ``SamplingParams`` of ``sie.engines.generators.vllm_sampling`` (every optional
+  feature of ``sie.engines.generation.FEATURES``: penalties, ``logit_bias`` checked
+  against the vocabulary, log probabilities, ``json_object`` through vLLM's structured
+  outputs; docs/api.md §5.1); ``max_tokens`` null becomes the room left in the
+  window. vLLM's outputs are cumulative (text, token ids, log probabilities): deltas
+  are their growth.
   vLLM applies the stop strings and already holds back any text that could begin one;
   the text still passes through ``StopMatcher`` so that an engine streaming a stop
   prefix could not leak it (then the request is aborted in vLLM). Finish reasons:
@@ -55,7 +59,7 @@ import inspect
 import logging
 import math
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -63,24 +67,24 @@ import anyio
 from sie.core.config import ModelConfig, ResolvedProfile
 from sie.core.errors import InferenceError, InvalidInput, ModelLoadFailed, ShuttingDown
 from sie.engines.generation import (
+    FEATURES,
     EngineState,
     FinishReason,
     GenerationDelta,
     GenerationRequest,
     StopMatcher,
+    check_logit_bias,
     prompt_token_ids,
     validate_request,
 )
 from sie.engines.generators.inflight import InFlight
 from sie.engines.generators.vllm_args import vllm_engine_args
+from sie.engines.generators.vllm_gauges import default_registry, read_gauges
+from sie.engines.generators.vllm_sampling import LogprobCursor, sampling_params
 
 __all__ = ["VllmGenerator"]
 
 log = logging.getLogger(__name__)
-
-_RUNNING = "vllm:num_requests_running"
-_WAITING = "vllm:num_requests_waiting"
-_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # current, older name
 
 
 def _import_vllm() -> Any:
@@ -111,18 +115,10 @@ class _Live:
     local_stop: bool = False
 
 
-@dataclass
-class _Gauges:
-    """This model's series in vLLM's registry (summed over engines; KV usage: the max)."""
-
-    running: int = 0
-    waiting: int = 0
-    kv_usage: float | None = None
-    names: set[str] = field(default_factory=set)  # metric names found
-
-
 class VllmGenerator:
     """A ``GenerationEngine`` over vLLM's in-process async engine (module docstring).
+
+    ``features``: every optional request feature (docs/api.md §5.1).
 
     Args:
         config / profile / device: as for every engine (no I/O here).
@@ -155,6 +151,7 @@ class VllmGenerator:
         self.block_size = 16
         self.engine_args: dict[str, Any] = {}
         self._inflight: InFlight[_Live] = InFlight(config.sie_id)
+        self.features: frozenset[str] = frozenset(FEATURES)
 
     # ---------------------------------------------------------------- load / unload
 
@@ -199,10 +196,10 @@ class VllmGenerator:
         seqs = getattr(sched_cfg, "max_num_seqs", None) or args.get("max_num_seqs")
         self.max_num_seqs = seqs if isinstance(seqs, int) and seqs > 0 else None
         self._window = window
-        self._registry = self._registry if self._registry is not None else _default_registry()
+        self._registry = self._registry if self._registry is not None else default_registry()
         self.engine_args = args
         self._vllm = vllm
-        self._tokenizer = None
+        self._tokenizer = _tokenizer_now(engine)
         self._inflight.open()
         self._engine = engine
         log.info(
@@ -269,17 +266,8 @@ class VllmGenerator:
         return prompt_token_ids(tok, req, sie_id=self.config.sie_id, window=self._window)
 
     def sampling_params(self, req: GenerationRequest, n_prompt: int) -> Any:
-        """vLLM ``SamplingParams`` for ``req`` (``max_tokens`` null: the room left)."""
-        sp = req.sampling
-        room = self._window - n_prompt
-        return self._vllm.SamplingParams(
-            n=1,
-            max_tokens=min(sp.max_tokens, room) if sp.max_tokens is not None else room,
-            temperature=float(sp.temperature),
-            top_p=float(sp.top_p),
-            seed=sp.seed,
-            stop=list(sp.stop),
-        )
+        """vLLM ``SamplingParams`` for ``req`` (``vllm_sampling.sampling_params``)."""
+        return sampling_params(self._vllm, req, self._window - n_prompt)
 
     def check_request(self, req: GenerationRequest) -> None:
         """Validate ``req`` before it is accepted: its fields, and (once the tokenizer
@@ -288,25 +276,37 @@ class VllmGenerator:
         Raises:
             InvalidInput: naming the field.
         """
-        validate_request(req)
+        validate_request(req, self.features, "vllm")
         if self._tokenizer is not None:
+            check_logit_bias(req.sampling, len(self._tokenizer))
             self.encode_prompt(self._tokenizer, req)
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationDelta]:
         """Stream ``req``'s completion (see ``GenerationEngine.generate``)."""
-        validate_request(req)
+        validate_request(req, self.features, "vllm")
         engine = self._engine
         if engine is None or self._inflight.closed:
             raise InferenceError(f"model {self.config.sie_id!r} is not loaded")
         tok = await self.get_tokenizer()
+        check_logit_bias(req.sampling, len(tok))
         ids = await anyio.to_thread.run_sync(self.encode_prompt, tok, req)
         params = self.sampling_params(req, len(ids))
+        k = req.sampling.logprobs
+        cursor = LogprobCursor(k, tok) if k is not None else None
+        eos = getattr(tok, "eos_token_id", None)
         rid = req.request_id
         live = _Live(loop=asyncio.get_running_loop(), prompt_tokens=len(ids))
         self._inflight.add(rid, live)
         stream = engine.generate({"prompt_token_ids": ids}, params, rid)
         matcher = StopMatcher(req.sampling.stop)
         final: GenerationDelta | None = None
+        lps: list[dict[str, Any]] = []  # entries not yet sent
+
+        def lps_out() -> list[dict[str, Any]] | None:
+            nonlocal lps
+            out, lps = lps, []
+            return out if cursor is not None else None
+
         try:
             sent_chars = 0
             counted = 0  # completion tokens seen
@@ -323,13 +323,21 @@ class VllmGenerator:
                     sent_chars = max(sent_chars, len(text))
                     unsent += len(token_ids) - counted
                     counted = len(token_ids)
+                    if cursor is not None:  # the EOS that ended it gets no entry
+                        eos_last = (
+                            reason == "stop"
+                            and getattr(comp, "stop_reason", None) is None
+                            and bool(token_ids)
+                            and token_ids[-1] == eos
+                        )
+                        lps += cursor.take(token_ids, comp.logprobs, eos_last)
                     emit = matcher.feed(new)
                     if matcher.stopped and reason is None:
                         live.local_stop = True  # vLLM streamed a stop it did not apply
                         reason = "stop"
                     if reason is None:
                         if emit:
-                            yield GenerationDelta(text=emit, num_tokens=unsent)
+                            yield GenerationDelta(text=emit, num_tokens=unsent, logprobs=lps_out())
                             unsent = 0
                         continue
                     if reason not in ("stop", "length"):
@@ -344,6 +352,7 @@ class VllmGenerator:
                         finish_reason=finish,
                         prompt_tokens=len(prompt_ids) if prompt_ids else len(ids),
                         completion_tokens=counted,
+                        logprobs=lps_out(),
                     )
                     if live.local_stop:
                         break
@@ -389,46 +398,13 @@ class VllmGenerator:
 
     # ---------------------------------------------------------------- state
 
-    def _gauges(self) -> _Gauges | None:
-        """This model's series in vLLM's prometheus registry, or None when absent."""
-        reg = self._registry
-        if reg is None:
-            return None
-        g = _Gauges()
-        kv: dict[str, list[float]] = {}
-        try:
-            families = list(reg.collect())
-        except Exception as exc:  # a broken collector must not break state()
-            log.debug("reading vLLM's prometheus registry failed: %s", exc)
-            return None
-        for fam in families:
-            if fam.name not in (_RUNNING, _WAITING, *_KV_USAGE):
-                continue
-            for s in fam.samples:
-                if s.labels.get("model_name") != self._served_name or not math.isfinite(s.value):
-                    continue
-                g.names.add(fam.name)
-                if fam.name == _RUNNING:
-                    g.running += max(0, round(s.value))
-                elif fam.name == _WAITING:
-                    g.waiting += max(0, round(s.value))
-                else:
-                    kv.setdefault(fam.name, []).append(min(1.0, max(0.0, s.value)))
-        if _RUNNING not in g.names:
-            return None
-        for name in _KV_USAGE:
-            if kv.get(name):
-                g.kv_usage = max(kv[name])
-                break
-        return g
-
     def state(self) -> EngineState:
         """Running, waiting, KV usage and capacity (module docstring: vLLM's gauges
         bounded by this adapter's in-flight count, else counting)."""
         lives = self._inflight.values()
         inflight = len(lives)
         cap = self.kv_capacity_tokens
-        gauges = self._gauges()
+        gauges = read_gauges(self._registry, self._served_name)
         kv: float | None
         if gauges is not None:
             running = min(gauges.running, inflight)
@@ -449,13 +425,6 @@ class VllmGenerator:
             kv_capacity_tokens=cap,
             max_num_seqs=self.max_num_seqs,
         )
-
-
-def _default_registry() -> Any:
-    try:
-        return importlib.import_module("prometheus_client").REGISTRY
-    except ImportError:
-        return None
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -481,3 +450,20 @@ async def _close(stream: Any) -> None:
         await aclose()
     except Exception as exc:
         log.debug("closing a vLLM output stream: %s", exc)
+
+
+def _tokenizer_now(engine: Any) -> Any:
+    """The engine's tokenizer, when it can be had without an event loop (``load`` runs
+    on a thread of its own), so ``check_request`` sees the window and the vocabulary
+    from the first request; else None (``get_tokenizer`` fetches it on first use)."""
+    try:
+        tok = engine.get_tokenizer()
+        if inspect.iscoroutine(tok):
+            if _running_loop() is not None:
+                tok.close()
+                return None
+            tok = asyncio.run(tok)
+    except Exception as exc:  # a missing or failing accessor: fetched on first use
+        log.debug("vLLM tokenizer at load: %s", exc)
+        return None
+    return None if inspect.isawaitable(tok) else tok

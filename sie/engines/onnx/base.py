@@ -230,7 +230,13 @@ class OnnxEncoderBase:
     ) -> tuple[list[str], list[int]]:
         """``EncodeEngine.prepare`` (``TextInputs.prepare``)."""
         inputs, _ = self._loaded()
-        return inputs.prepare(texts, instruction=instruction, is_query=is_query, options=options)
+        return inputs.prepare(
+            texts,
+            instruction=instruction,
+            is_query=is_query,
+            options=options,
+            sie_id=self.config.sie_id,
+        )
 
     def _chunks(self, texts: Texts, lengths: Sequence[int] | None) -> list[list[int]]:
         """One text per call for int8 (module docstring); else length-bucketed forward

@@ -41,6 +41,7 @@ import numpy as np
 from sie.core.errors import InferenceError, ModelLoadFailed
 from sie.core.templates import render_input
 from sie.engines.runtime.threads import cpu_cores
+from sie.engines.truncation import apply_truncation
 
 __all__ = ["INPUT_NAMES", "Sessions", "TextInputs", "Texts", "import_onnx_stack"]
 
@@ -171,11 +172,16 @@ class TextInputs:
         instruction: str | None,
         is_query: bool,
         options: Mapping[str, Any],
+        sie_id: str = "this model",
     ) -> tuple[list[str], list[int]]:
-        """``EncodeEngine.prepare``: rendered (``sie.core.templates``), clipped texts and
+        """``EncodeEngine.prepare``: rendered (``sie.core.templates``), clipped texts
+        (options ``truncate`` / ``max_input_tokens``: ``sie.engines.truncation``) and
         their token counts."""
         rendered = [render_input(t, instruction, is_query, options) for t in texts]
         clipped = [self._clip(t) for t in rendered]
+        clipped = apply_truncation(
+            self._counter, rendered, clipped, options, self.window, sie_id, lower=self.lowercase
+        )
         return clipped, self.counts(clipped)
 
 

@@ -203,10 +203,16 @@ async def _encode(item: WorkItem, entry: ModelEntry, loaded: LoadedModel) -> Tas
         is_query=is_query,
         options=engine_options,
     )
-    if len(text) + len(instruction or "") <= INLINE_PREPARE_CHARS:
-        texts, counts = prep()
-    else:  # long input: tokenise off the event loop (and off the inference thread)
-        texts, counts = await anyio.to_thread.run_sync(prep)
+    try:
+        if len(text) + len(instruction or "") <= INLINE_PREPARE_CHARS:
+            texts, counts = prep()
+        else:  # long input: tokenise off the event loop (and off the inference thread)
+            texts, counts = await anyio.to_thread.run_sync(prep)
+    except InvalidInput as exc:  # e.g. truncate: false and too long: name the item
+        if exc.fields.get("field") == "text":
+            where = f"items[{item.item_index}].text"
+            exc.fields["field"], exc.message = where, f"{where}: {exc.message}"
+        raise
     tokens = counts[0]
     tokenization_ms = (time.monotonic() - t_tok) * 1000.0
     key = ("encode", output_types, freeze(engine_options))
