@@ -96,6 +96,13 @@ CASES = [
     Case("minilm-dense", "encode", ST, _shipped(MINILM_YAML)),
     Case("minilm-onnx", "encode", ONNX, _shipped(MINILM_YAML), profile="onnx"),
     Case("minilm-onnx-int8", "encode", ONNX, _shipped(MINILM_YAML), profile="onnx-int8"),
+    Case(
+        "minilm-fastest",
+        "encode",
+        "sie.engines.onnx.fastest",
+        _shipped(MINILM_YAML),
+        profile="fastest",
+    ),
     Case("splade-sparse", "encode", ST, _shipped("rasyosef__splade-tiny.yaml")),
     Case("splade-onnx", "encode", ONNX, _shipped("rasyosef__splade-tiny.yaml"), profile="onnx"),
     Case("cross-encoder", "score", "sie.engines.scorers.cross_encoder", _cross_encoder),
