@@ -564,3 +564,14 @@ def test_langchain_chat_openai_defaults_and_options(stack: Stack) -> None:
         model_kwargs={"response_format": {"type": "json_object"}},
     ).invoke(JSON_ASK)
     assert isinstance(json.loads(str(js.content)), dict)
+
+
+def test_a_refusal_is_a_plain_400_even_when_streaming(c: httpx.Client, tok: Tokenizer) -> None:
+    """Refused before the worker accepts: no event stream was started."""
+    bad = {str(tok.get_vocab_size()): 1}
+    r = c.post(
+        "/v1/chat/completions",
+        json={"model": LLM, "messages": FRANCE, "stream": True, "logit_bias": bad},
+    )
+    assert r.headers["content-type"].startswith("application/json")
+    refused(r, "logit_bias")

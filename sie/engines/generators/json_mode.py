@@ -10,7 +10,8 @@ a token's bytes to a copy and keep the copy when every byte is accepted. Bytes o
 limited to ``MAX_WHITESPACE`` bytes in a row, so a model cannot pad forever.
 
 ``token_bytes(tokenizer)``: every token id's bytes (byte-level BPE tokens mapped back
-through GPT-2's byte alphabet, others decoded), computed once per tokenizer.
+through GPT-2's byte alphabet, others decoded; special tokens none, as the text skips
+them), computed once per tokenizer.
 ``pick(order, state, table, eos)``: the first candidate id (in the caller's order of
 preference) whose bytes continue ``state``, with the state it leads to. No torch here.
 """
@@ -229,7 +230,7 @@ _TABLES: weakref.WeakKeyDictionary[Any, list[bytes]] = weakref.WeakKeyDictionary
 def token_bytes(tok: Any) -> list[bytes]:
     """Each token id's bytes, for the ids ``0 .. len(tok) - 1`` (computed once per
     tokenizer): a byte-level BPE token through GPT-2's byte alphabet, any other
-    token as its decoded text; special tokens as their decoded text (often empty)."""
+    token as its decoded text; a special token none (the text skips it)."""
     try:
         return _TABLES[tok]
     except (KeyError, TypeError):
@@ -241,16 +242,12 @@ def token_bytes(tok: Any) -> list[bytes]:
     byte_level = any(isinstance(p, str) and "\u0120" in p for p in pieces)
     table: list[bytes] = []
     for i, piece in enumerate(pieces):
-        if (
-            byte_level
-            and i not in special
-            and isinstance(piece, str)
-            and piece
-            and all(c in dec for c in piece)
-        ):
+        if i in special:  # never part of the text (decoded with skip_special_tokens)
+            table.append(b"")
+        elif byte_level and isinstance(piece, str) and piece and all(c in dec for c in piece):
             table.append(bytes(dec[c] for c in piece))
         else:
-            table.append(tok.decode([i], skip_special_tokens=False).encode("utf-8"))
+            table.append(tok.decode([i], skip_special_tokens=True).encode("utf-8"))
     try:
         _TABLES[tok] = table
     except TypeError:  # not weakly referenceable: computed each time
