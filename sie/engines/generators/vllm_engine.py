@@ -323,14 +323,8 @@ class VllmGenerator:
                     sent_chars = max(sent_chars, len(text))
                     unsent += len(token_ids) - counted
                     counted = len(token_ids)
-                    if cursor is not None:  # the EOS that ended it gets no entry
-                        eos_last = (
-                            reason == "stop"
-                            and getattr(comp, "stop_reason", None) is None
-                            and bool(token_ids)
-                            and token_ids[-1] == eos
-                        )
-                        lps += cursor.take(token_ids, comp.logprobs, eos_last)
+                    if cursor is not None:  # an EOS or stop token that ended it: no entry
+                        lps += cursor.take(token_ids, comp.logprobs, _ends_on_eos(comp, eos))
                     emit = matcher.feed(new)
                     if matcher.stopped and reason is None:
                         live.local_stop = True  # vLLM streamed a stop it did not apply
@@ -467,3 +461,14 @@ def _tokenizer_now(engine: Any) -> Any:
         log.debug("vLLM tokenizer at load: %s", exc)
         return None
     return None if inspect.isawaitable(tok) else tok
+
+
+def _ends_on_eos(comp: Any, eos: Any) -> bool:
+    """vLLM finished ``comp`` on its EOS (``stop_reason`` None) or on a stop token id
+    (``stop_reason`` that id, e.g. a generation config's other EOS): that last token
+    carries no text."""
+    ids = comp.token_ids
+    if comp.finish_reason != "stop" or not ids:
+        return False
+    sr = getattr(comp, "stop_reason", None)
+    return (sr is None and ids[-1] == eos) or (isinstance(sr, int) and ids[-1] == sr)
