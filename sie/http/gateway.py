@@ -19,6 +19,7 @@ Routes:
     WS   /ws/cluster-status        the same, pushed on connect and on every change
     /v1/rerank, /v2/rerank, /embed, /embed_sparse, /rerank, /info, /version, and
     /v1/{encode,score,extract} with the model in the body: drop-in routes (sie.http.dropin)
+    GET  /openapi.json, /docs      this API's OpenAPI 3.1 document and its page (docs/api.md §14)
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ from sie.http.inference import encode, extract, score
 from sie.http.limits import BodyBudget, RequestLimits
 from sie.http.negotiation import read_payload
 from sie.http.openai import embeddings
+from sie.http.openapi import api_routes
+from sie.http.openapi_gateway import gateway_table
 from sie.http.pools import pool_routes
 from sie.http.status import BrowserAuth, StatusFeed, capacity, status_routes
 from sie.roles.gateway import GatewayRole
@@ -285,6 +288,7 @@ def build_gateway_app(
             *pool_routes(),
             *status_routes(),
             *dropin_routes(),  # Cohere/Jina, TEI, /version, model in the body (docs/api.md §15)
+            *api_routes(gateway_table),  # /openapi.json, /docs (docs/api.md §14)
         ],
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, RootModel
 
 from sie.http.responses import Reply
 
@@ -30,6 +30,7 @@ __all__ = [
     "GatewayHealth",
     "LookupErrorEnvelope",
     "ModelAckStatus",
+    "ModelNotFoundReply",
     "OpenAIError",
     "OpenAIErrorEnvelope",
     "PoolDeleted",
@@ -88,6 +89,11 @@ class LookupErrorEnvelope(Reply):
 
     error: OpenAIError
     detail: ErrorDetail
+
+
+class ModelNotFoundReply(RootModel[LookupErrorEnvelope | SieClientErrorEnvelope]):
+    """``GET /v1/models/{model}``'s 404: the lookup's envelope, or SIE's plain one when
+    the path names no route at all (an id with a line break)."""
 
 
 class ConfigErrorDetail(ErrorDetail):

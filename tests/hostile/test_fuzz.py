@@ -1097,6 +1097,10 @@ GATEWAY_READS = [
     ("POST", "/v1/cluster/status"),
     ("GET", "/ws/cluster-status"),  # no websocket upgrade: 404
     ("GET", "/?token=x"),
+    ("GET", "/openapi.json"),
+    ("GET", "/docs"),
+    ("GET", "/docs?token=x"),
+    ("POST", "/openapi.json"),
 ]
 CONFIG_READS = [
     ("GET", "/v1/configs/models"),
@@ -1115,6 +1119,8 @@ CONFIG_READS = [
     ("HEAD", "/v1/configs/epoch"),
     ("OPTIONS", "/v1/configs/resolve"),
     ("GET", "/v1/configs/resolve"),
+    ("GET", "/openapi.json"),
+    ("GET", "/docs?token=x"),
 ]
 BUNDLE_NAMES = st.one_of(
     st.sampled_from(["default", "DEFAULT", "nope", "", "%ff", "a" * 500]),
