@@ -24,6 +24,7 @@ from sie.http.openapi import (
     errors,
     self_operations,
 )
+from sie.http.openapi_dropin import DROPIN_TAGS, dropin_operations
 from sie.http.responses import (
     ChatCompletion,
     EmbeddingsResponse,
@@ -332,6 +333,7 @@ def gateway_table() -> ApiTable:
             *_pool_ops(),
             *_config_ops(),
             *self_operations("sie", READ),
+            *dropin_operations(),  # Cohere/Jina, TEI, /version, model in the body (§15)
         ),
         websockets=(
             WebSocketOp(
@@ -350,5 +352,6 @@ def gateway_table() -> ApiTable:
             "configs": "the config read surface (docs/api.md §8)",
             "health": "probes, health, metrics, cluster status (docs/api.md §7, §13)",
             "meta": "this description (docs/api.md §14)",
+            **DROPIN_TAGS,
         },
     )
