@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -243,8 +243,15 @@ class RegistrySnapshot:
 
 
 def _entries_for(
-    snapshot_bundles: Mapping[str, Bundle], config: ModelConfig
+    snapshot_bundles: Mapping[str, Bundle],
+    config: ModelConfig,
+    default_profiles: Mapping[str, str] | None = None,
 ) -> dict[str, ModelEntry]:
+    """The routable ids of ``config``: the base id (its ``default`` profile) and
+    ``id:profile`` per other profile whose adapter a bundle serves. With
+    ``default_profiles`` naming a routable profile for this model, the base id serves
+    that profile and ``id:default`` the ``default`` one (docs/performance.md "Choosing a
+    MiniLM profile")."""
     probe = RegistrySnapshot(bundles=snapshot_bundles)
     out: dict[str, ModelEntry] = {}
     for name in config.profiles:
@@ -254,6 +261,13 @@ def _entries_for(
             continue
         model_id = config.sie_id if name == DEFAULT_PROFILE else f"{config.sie_id}:{name}"
         out[model_id] = ModelEntry(model_id=model_id, config=config, profile=prof, bundles=bundles)
+    preferred = out.get(f"{config.sie_id}:{(default_profiles or {}).get(config.sie_id)}")
+    base = out.get(config.sie_id)
+    if preferred is not None and base is not None:
+        out[f"{config.sie_id}:{DEFAULT_PROFILE}"] = replace(
+            base, model_id=f"{config.sie_id}:{DEFAULT_PROFILE}"
+        )
+        out[config.sie_id] = replace(preferred, model_id=config.sie_id)
     return out
 
 
@@ -268,7 +282,7 @@ class ModelRegistry:
         self._lock = threading.RLock()
         self._yaml = _YamlCache()
         self._snapshot = RegistrySnapshot(_yaml=self._yaml)
-        #: bare model id → the profile ``resolve`` routes it to (``SIE_DEFAULT_PROFILES``)
+        #: bare model id → the profile its base id serves (``SIE_DEFAULT_PROFILES``)
         self.default_profiles: Mapping[str, str] = MappingProxyType(dict(default_profiles or {}))
 
     @property
@@ -286,7 +300,7 @@ class ModelRegistry:
         owners = check_subject_tokens(configs.values())
         entries: dict[str, ModelEntry] = {}
         for cfg in configs.values():
-            entries.update(_entries_for(bundles, cfg))
+            entries.update(_entries_for(bundles, cfg, self.default_profiles))
         self._snapshot = RegistrySnapshot(
             bundles=MappingProxyType(dict(bundles)),
             configs=MappingProxyType(dict(configs)),
@@ -328,7 +342,7 @@ class ModelRegistry:
                 and not snap.bundles_for_module(config.resolve_profile(p).adapter_module)
             }
         )
-        entries = _entries_for(snap.bundles, config)
+        entries = _entries_for(snap.bundles, config, self.default_profiles)
         if missing or not entries:
             modules = missing or sorted(
                 {config.resolve_profile(p).adapter_module for p in config.profiles}
@@ -413,17 +427,13 @@ class ModelRegistry:
     def resolve(self, model_id: str, bundle: str | None = None) -> tuple[ModelEntry, str]:
         """Map a public model id (optionally pinned to a bundle) to its entry and bundle.
 
-        ``model:default`` is the base id (architecture §16.3). A base id named in
-        ``default_profiles`` resolves to that profile while the model has it
-        (docs/performance.md "Choosing a MiniLM profile").
+        ``model:default`` is the base id (architecture §16.3), unless
+        ``default_profiles`` gives the model another profile: then the base id serves
+        that one and ``model:default`` the ``default`` profile (``_entries_for``).
 
         Raises:
             ModelNotFound: unknown id, or ``bundle`` not compatible with it.
         """
-        base = model_id.removesuffix(":" + DEFAULT_PROFILE)
-        preferred = self.default_profiles.get(base)
-        if preferred is not None and f"{base}:{preferred}" in self._snapshot.entries:
-            model_id = f"{base}:{preferred}"  # SIE_DEFAULT_PROFILES (docs/performance.md)
         entry = self._snapshot.entries.get(model_id)
         if entry is None and model_id.endswith(":" + DEFAULT_PROFILE):
             entry = self._snapshot.entries.get(model_id[: -len(DEFAULT_PROFILE) - 1])

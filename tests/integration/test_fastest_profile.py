@@ -124,14 +124,23 @@ def test_missing_weights_fail_the_load_instead_of_falling_through() -> None:
     assert err.value.fields["error_class"] == "NOT_FOUND" and engine.refused == {}
 
 
-def test_a_bare_id_routes_to_the_default_profile_setting() -> None:
+def test_a_bare_id_serves_the_default_profile_setting() -> None:
+    """The base id serves ``fastest`` under its own name; ``id:default`` is torch."""
+
+    def dense(c: httpx.Client, model: str) -> np.ndarray:
+        r = c.post(f"/v1/encode/{model}", json={"items": [{"text": "hello"}]})
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == model
+        return np.asarray(r.json()["items"][0]["dense"]["values"], dtype=np.float32)
+
     with run_stack(preload=(MINILM,), default_profiles=((MINILM, "fastest"),)) as s:
         with httpx.Client(base_url=s.base_url, timeout=60) as c:
-            for model in (MINILM, f"{MINILM}:default"):
-                r = c.post(f"/v1/encode/{model}", json={"items": [{"text": TEXTS[1]}]})
-                assert r.status_code == 200, r.text
-            r = c.post("/v1/embeddings", json={"model": MINILM, "input": TEXTS})
-            assert r.status_code == 200 and len(r.json()["data"]) == 2
             health = c.get("/health").json()
-        loaded = {m["name"] for w in health["workers"] for m in w.get("models", [])}
-        assert f"{MINILM}:fastest" in loaded and MINILM not in loaded
+            loaded = {m["name"] for w in health["workers"] for m in w.get("models", [])}
+            assert MINILM in loaded and f"{MINILM}:fastest" not in loaded
+            assert c.get(f"/v1/models/{MINILM}").json()["id"] == MINILM
+            r = c.post("/v1/embeddings", json={"model": MINILM, "input": TEXTS})
+            assert r.status_code == 200 and r.json()["model"] == MINILM
+            fast, torch = dense(c, MINILM), dense(c, f"{MINILM}:default")
+        np.testing.assert_allclose(torch, _torch_dense(["hello"])[0], atol=1e-5)
+        assert 0.95 <= float(np.dot(fast, torch)) < 0.9999  # int8, not torch
