@@ -311,7 +311,11 @@ def run_client(args: argparse.Namespace) -> int:
         ) as client:
             result, text = HANDLERS[args.command](client, args)
     except SIEConnectionError as exc:
-        print(f"sie {args.command}: cannot reach the server: {exc}", file=sys.stderr)
+        print(
+            f"sie {args.command}: cannot reach the server at {env.gateway_url}: {exc} "
+            "(set --url after the command, or SIE_GATEWAY_URL)",
+            file=sys.stderr,
+        )
         return 3
     except SIEError as exc:
         code = exc.code if isinstance(exc, StatusError) else type(exc).__name__

@@ -128,8 +128,10 @@ def test_pools_create_list_get_delete(stack: Stack) -> None:
 def test_exit_codes(stack: Stack) -> None:
     unknown = sie(stack, "encode", "nobody/nothing", "x")
     assert unknown.returncode == 1 and "404 MODEL_NOT_FOUND" in unknown.stderr
-    down = sie(None, "models", "--url", f"http://127.0.0.1:{free_port()}")
-    assert down.returncode == 3 and "cannot reach" in down.stderr
+    url = f"http://127.0.0.1:{free_port()}"
+    down = sie(None, "models", "--url", url)
+    assert down.returncode == 3 and f"cannot reach the server at {url}" in down.stderr
+    assert "SIE_GATEWAY_URL" in down.stderr  # how to point it elsewhere
     assert sie(stack, "encode", MINILM).returncode == 2  # no TEXT: usage
     assert sie(None, "version").stdout.strip()  # unchanged
 
