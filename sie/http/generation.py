@@ -323,7 +323,7 @@ class GenerationResponse:
                 ) from None
         if not self.stream:
             whole = self.fmt.whole("".join(parts), finish, prompt, completion, logprobs)
-            return json.dumps(whole, ensure_ascii=False).encode()
+            return json.dumps(whole, ensure_ascii=False, separators=(",", ":")).encode()
         await write(_sse(self.fmt.delta(None, finish)))
         if self.include_usage:
             await write(_sse(self.fmt.usage_chunk(prompt, completion)))
