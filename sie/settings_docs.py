@@ -48,7 +48,7 @@ ENV_DOCS: dict[str, EnvDoc] = {
         "models a worker loads at start (comma-separated)", flag="--preload"
     ),
     "SIE_DEFAULT_PROFILES": EnvDoc(
-        "`MODEL=PROFILE,...`: the profile a bare model id serves (under that id), e.g. `sentence-transformers/all-MiniLM-L6-v2=fastest`; `MODEL:default` then serves the `default` profile; give gateways and workers the same value ([performance.md](performance.md) \"Choosing a MiniLM profile\")"
+        '`MODEL=PROFILE,...`: the profile a bare model id serves (under that id), e.g. `sentence-transformers/all-MiniLM-L6-v2=fastest`; `MODEL:default` then serves the `default` profile; give gateways and workers the same value ([performance.md](performance.md) "Choosing a MiniLM profile")'
     ),
     "SIE_POOL": EnvDoc("worker's pool", flag="--pool"),
     "SIE_MACHINE_PROFILE": EnvDoc(
