@@ -209,19 +209,27 @@ def errors(envelope: Envelope, *statuses: int) -> dict[int, Reply]:
     """Replies for error ``statuses`` in ``envelope``: SIE-native (``{"detail"}`` below
     500, ``{"error"}`` from 500), OpenAI (``{"error": {message, type, param, code}}``)
     or the config role's (``{"detail": {code, error, message}}``)."""
+    if envelope == "openai":
+        return error_replies(OpenAIErrorEnvelope, OpenAIErrorEnvelope, *statuses)
+    if envelope == "config":
+        return error_replies(ConfigErrorEnvelope, ConfigErrorEnvelope, *statuses)
+    return error_replies(SieClientErrorEnvelope, SieServerErrorEnvelope, *statuses)
+
+
+def error_replies(
+    client: type[BaseModel], server: type[BaseModel], *statuses: int
+) -> dict[int, Reply]:
+    """Replies for error ``statuses``: ``client`` below 500, ``server`` from 500, each
+    with ``X-SIE-Error-Code`` (plus ``Retry-After`` on 503/504, ``WWW-Authenticate``
+    on 401)."""
     out: dict[int, Reply] = {}
     for status in statuses:
-        if envelope == "openai":
-            model: type[BaseModel] = OpenAIErrorEnvelope
-        elif envelope == "config":
-            model = ConfigErrorEnvelope
-        else:
-            model = SieClientErrorEnvelope if status < 500 else SieServerErrorEnvelope
         headers = ["X-SIE-Error-Code"]
         if status in (503, 504):
             headers.append("Retry-After")
         if status == 401:
             headers.append("WWW-Authenticate")
+        model = client if status < 500 else server
         out[status] = Reply(STATUS_TEXT[status], (Content(model),), tuple(headers))
     return out
 

@@ -11,58 +11,42 @@ from __future__ import annotations
 from sie.core.config import ModelConfig
 from sie.http.openapi import (
     JSON,
-    MSGPACK,
-    TEXT,
     YAML,
     ApiTable,
     Content,
     Operation,
     Param,
     Reply,
-    Schema,
     errors,
     self_operations,
 )
-from sie.http.responses_admin import (
-    BundleList,
-    ConfigEpoch,
-    ConfigExport,
-    ConfigModelList,
-    ConfigWriteReply,
-    ProbeStatus,
-    ResolveReply,
-)
-from sie.http.schemas import ResolveRequest
+from sie.http.openapi_common import BODY, config_reads, ok
+from sie.http.responses_admin import ConfigEpoch, ConfigExport, ConfigWriteReply, ProbeStatus
 
 __all__ = ["config_table"]
 
 AUTH = (401, 403)
-#: Reading a body (``sie.http.openapi_gateway.BODY``).
-BODY = (400, 408, 413, 415, 503)
 #: REGISTRY_UNAVAILABLE: the bundles did not load at start.
 REGISTRY = (503,)
 
 
-def _ok(model: Schema, *media: str) -> Reply:
-    return Reply("OK", (Content(model, media or (JSON,)),))
-
-
 def config_table() -> ApiTable:
     """The config role's routes (``sie.http.config.build_config_app``)."""
-    text = Content({"type": "string"}, (TEXT,))
     yaml_doc = {"type": "object", "description": "YAML (docs/api.md §9)"}
+    reads = config_reads(
+        "config",
+        AUTH,
+        models_summary="Model configs",
+        bundles_summary="Bundles",
+        bundle_doc=yaml_doc,
+        unavailable=REGISTRY,
+    )
     return ApiTable(
         title="SIE config role",
         description="The single writer of model configs (docs/api.md §8). "
         "Errors: {detail: {code, error, message}}.",
         operations=(
-            Operation(
-                "GET",
-                "/v1/configs/models",
-                "Model configs",
-                {200: _ok(ConfigModelList)} | errors("config", *AUTH, *REGISTRY),
-                tag="configs",
-            ),
+            reads.models,
             Operation(
                 "POST",
                 "/v1/configs/models",
@@ -93,38 +77,18 @@ def config_table() -> ApiTable:
                 "GET",
                 "/v1/configs/models/{model:path}",
                 "A model's config (YAML)",
-                {200: _ok(yaml_doc, YAML)} | errors("config", *AUTH, 404, *REGISTRY),
+                {200: ok(yaml_doc, YAML)} | errors("config", *AUTH, 404, *REGISTRY),
                 params=(Param("model", "path", "a model id"),),
                 tag="configs",
             ),
-            Operation(
-                "GET",
-                "/v1/configs/bundles",
-                "Bundles",
-                {200: _ok(BundleList)} | errors("config", *AUTH, *REGISTRY),
-                tag="configs",
-            ),
-            Operation(
-                "GET",
-                "/v1/configs/bundles/{bundle}",
-                "A bundle (YAML)",
-                {200: _ok(yaml_doc, YAML)} | errors("config", *AUTH, 404, *REGISTRY),
-                params=(Param("bundle", "path", "a bundle id (case-insensitive)"),),
-                tag="configs",
-            ),
-            Operation(
-                "POST",
-                "/v1/configs/resolve",
-                "Which bundle serves a model spec",
-                {200: _ok(ResolveReply)} | errors("config", *AUTH, *BODY, 404, 409),
-                body=Content(ResolveRequest, (JSON, MSGPACK)),
-                tag="configs",
-            ),
+            reads.bundles,
+            reads.bundle,
+            reads.resolve,
             Operation(
                 "GET",
                 "/v1/configs/export",
                 "The authoritative snapshot (admin)",
-                {200: _ok(ConfigExport)} | errors("config", *AUTH, *REGISTRY),
+                {200: ok(ConfigExport)} | errors("config", *AUTH, *REGISTRY),
                 auth="admin",
                 tag="configs",
             ),
@@ -132,14 +96,14 @@ def config_table() -> ApiTable:
                 "GET",
                 "/v1/configs/epoch",
                 "The config epoch and the bundle hashes",
-                {200: _ok(ConfigEpoch)} | errors("config", *AUTH),
+                {200: ok(ConfigEpoch)} | errors("config", *AUTH),
                 tag="configs",
             ),
             Operation(
                 "GET",
                 "/healthz",
                 "Liveness",
-                {200: _ok(ProbeStatus)},
+                {200: ok(ProbeStatus)},
                 auth="open",
                 tag="health",
             ),
@@ -147,17 +111,11 @@ def config_table() -> ApiTable:
                 "GET",
                 "/readyz",
                 "Readiness: 503 REGISTRY_UNAVAILABLE when the bundles failed to load",
-                {200: _ok(ProbeStatus)} | errors("config", *REGISTRY),
+                {200: ok(ProbeStatus)} | errors("config", *REGISTRY),
                 auth="open",
                 tag="health",
             ),
-            Operation(
-                "GET",
-                "/metrics",
-                "Prometheus metrics",
-                {200: Reply("Prometheus text format", (text,))} | errors("config", *AUTH),
-                tag="health",
-            ),
+            reads.metrics,
             *self_operations("config", AUTH),
         ),
         tags={

@@ -12,14 +12,15 @@ from sie.http.dropin import VersionInfo
 from sie.http.openapi import (
     JSON,
     MSGPACK,
-    STATUS_TEXT,
     Content,
     Operation,
     Param,
     Reply,
     Schema,
+    error_replies,
     errors,
 )
+from sie.http.openapi_common import BODY, READ, WORK, ok
 from sie.http.rerank import RerankRequest, RerankResponse
 from sie.http.responses import EncodeResponse, ExtractResponse, ScoreResponse
 from sie.http.responses_admin import ErrorDetail
@@ -34,11 +35,6 @@ from sie.http.tei import (
 )
 
 __all__ = ["DROPIN_TAGS", "dropin_operations"]
-
-#: Errors any read can answer when auth is on; reading a body; running work.
-READ = (401, 500)
-BODY = (400, 408, 413, 415, 503)
-WORK = (404, 500, 502, 503, 504)
 
 DROPIN_TAGS = {
     "rerank": "Cohere / Jina rerank (docs/api.md §15)",
@@ -86,30 +82,13 @@ class ExtractWithModel(ExtractRequest):
     model: StrictStr
 
 
-def _errors(client: type[BaseModel], server: type[BaseModel], *statuses: int) -> dict[int, Reply]:
-    out: dict[int, Reply] = {}
-    for status in statuses:
-        headers = ["X-SIE-Error-Code"]
-        if status in (503, 504):
-            headers.append("Retry-After")
-        if status == 401:
-            headers.append("WWW-Authenticate")
-        model = client if status < 500 else server
-        out[status] = Reply(STATUS_TEXT[status], (Content(model),), tuple(headers))
-    return out
-
-
-def _ok(model: Schema) -> Reply:
-    return Reply("OK", (Content(model),))
-
-
 def _rerank(path: str, summary: str) -> Operation:
     return Operation(
         "POST",
         path,
         summary,
-        {200: _ok(RerankResponse)}
-        | _errors(CohereClientError, CohereServerError, *READ, *BODY, *WORK),
+        {200: ok(RerankResponse)}
+        | error_replies(CohereClientError, CohereServerError, *READ, *BODY, *WORK),
         body=Content(RerankRequest, (JSON, MSGPACK)),
         tag="rerank",
         description="docs/api.md §15. relevance_score is POST /v1/score's score; options "
@@ -122,7 +101,7 @@ def _tei(path: str, request: type[BaseModel], reply: Schema, summary: str) -> Op
         "POST",
         path,
         summary,
-        {200: _ok(reply)} | _errors(TeiError, TeiError, *READ, *BODY, *WORK),
+        {200: ok(reply)} | error_replies(TeiError, TeiError, *READ, *BODY, *WORK),
         body=Content(request, (JSON, MSGPACK)),
         tag="tei",
         description="docs/api.md §15. No model in the body: the gateway's default model "
@@ -155,7 +134,7 @@ def dropin_operations() -> tuple[Operation, ...]:
             "GET",
             "/info",
             "TEI: the described model",
-            {200: _ok(TeiInfo)} | _errors(TeiError, TeiError, *READ, 400, 404),
+            {200: ok(TeiInfo)} | error_replies(TeiError, TeiError, *READ, 400, 404),
             params=(Param("model", "query", "the model (default: the first default set)"),),
             tag="tei",
             description="docs/api.md §15",
@@ -164,7 +143,7 @@ def dropin_operations() -> tuple[Operation, ...]:
             "GET",
             "/version",
             "SIE's version, commit and API surfaces",
-            {200: _ok(VersionInfo)} | errors("sie", *READ),
+            {200: ok(VersionInfo)} | errors("sie", *READ),
             tag="meta",
             description="docs/api.md §15",
         ),

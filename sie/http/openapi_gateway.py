@@ -24,6 +24,7 @@ from sie.http.openapi import (
     errors,
     self_operations,
 )
+from sie.http.openapi_common import BODY, READ, WORK, ConfigReads, config_reads, ok
 from sie.http.openapi_dropin import DROPIN_TAGS, dropin_operations
 from sie.http.responses import (
     ChatCompletion,
@@ -37,37 +38,25 @@ from sie.http.responses import (
     TextCompletion,
 )
 from sie.http.responses_admin import (
-    BundleList,
     ClusterStatus,
-    ConfigModelList,
     GatewayHealth,
     ModelAckStatus,
     ModelNotFoundReply,
     PoolDeleted,
     PoolInfo,
     PoolList,
-    ResolveReply,
 )
 from sie.http.schemas import (
     EmbeddingsRequest,
     EncodeRequest,
     ExtractRequest,
-    ResolveRequest,
     ScoreRequest,
 )
 
 __all__ = ["gateway_table"]
 
-#: Errors any read can answer when auth is on (401 missing/wrong token; 500 auth on
-#: with no token configured).
-READ = (401, 500)
 #: Admin routes: 401 missing token, 403 another token (or SIE_ADMIN_TOKEN unset).
 ADMIN = (401, 403)
-#: What reading a body can answer: malformed (400), slow (408), too large (413), an
-#: unread charset or media type (415), the process-wide body budget spent (503).
-BODY = (400, 408, 413, 415, 503)
-#: What running work on the workers can answer.
-WORK = (404, 500, 502, 503, 504)
 
 ROUTING = (
     Param("X-SIE-Pool", "header", "the pool to run on (docs/pools.md); unknown: 404"),
@@ -89,7 +78,7 @@ BUNDLE_DOC = {"type": "object", "description": "the bundle, YAML (docs/api.md §
 
 
 def _ok(model: Schema, *media: str, headers: tuple[str, ...] = REQ_ID) -> Reply:
-    return Reply("OK", (Content(model, media or (JSON,)),), headers)
+    return ok(model, *media, headers=headers)
 
 
 def _inference(
@@ -179,15 +168,9 @@ def _pool_ops() -> tuple[Operation, ...]:
     )
 
 
-def _config_ops() -> tuple[Operation, ...]:
+def _config_ops(reads: ConfigReads) -> tuple[Operation, ...]:
     return (
-        Operation(
-            "GET",
-            "/v1/configs/models",
-            "Model configs this gateway serves",
-            {200: _ok(ConfigModelList)} | errors("sie", *READ),
-            tag="configs",
-        ),
+        reads.models,
         Operation(
             "GET",
             "/v1/configs/models/{model:path}",
@@ -204,33 +187,13 @@ def _config_ops() -> tuple[Operation, ...]:
             tag="configs",
             description="docs/api.md §8; architecture §6 for the status.",
         ),
-        Operation(
-            "GET",
-            "/v1/configs/bundles",
-            "Bundles and their connected workers",
-            {200: _ok(BundleList)} | errors("sie", *READ),
-            tag="configs",
-        ),
-        Operation(
-            "GET",
-            "/v1/configs/bundles/{bundle}",
-            "A bundle (YAML)",
-            {200: _ok(BUNDLE_DOC, YAML)} | errors("sie", *READ, 404),
-            params=(Param("bundle", "path", "a bundle id (case-insensitive)"),),
-            tag="configs",
-        ),
-        Operation(
-            "POST",
-            "/v1/configs/resolve",
-            "Which bundle serves a model spec",
-            {200: _ok(ResolveReply)} | errors("sie", *READ, *BODY, 404, 409),
-            body=Content(ResolveRequest, (JSON, MSGPACK)),
-            tag="configs",
-        ),
+        reads.bundles,
+        reads.bundle,
+        reads.resolve,
     )
 
 
-def _operational() -> tuple[Operation, ...]:
+def _operational(reads: ConfigReads) -> tuple[Operation, ...]:
     text = Content({"type": "string"}, (TEXT,))
     return (
         Operation(
@@ -277,13 +240,7 @@ def _operational() -> tuple[Operation, ...]:
             {200: _ok(GatewayHealth, headers=())} | errors("sie", *READ),
             tag="health",
         ),
-        Operation(
-            "GET",
-            "/metrics",
-            "Prometheus metrics",
-            {200: Reply("Prometheus text format", (text,))} | errors("sie", *READ),
-            tag="health",
-        ),
+        reads.metrics,
         Operation(
             "GET",
             "/",
@@ -306,6 +263,14 @@ def _operational() -> tuple[Operation, ...]:
 
 def gateway_table() -> ApiTable:
     """The gateway's routes (``sie.http.gateway.build_gateway_app``)."""
+    reads = config_reads(
+        "sie",
+        READ,
+        models_summary="Model configs this gateway serves",
+        bundles_summary="Bundles and their connected workers",
+        bundle_doc=BUNDLE_DOC,
+        headers=REQ_ID,
+    )
     return ApiTable(
         title="SIE gateway",
         description="Encode, score, extract, generate; models, pools, configs, health "
@@ -329,9 +294,9 @@ def gateway_table() -> ApiTable:
             _generation(
                 "/v1/generate/{model:path}", NativeBody, GenerateResponse, "SIE-native generation"
             ),
-            *_operational(),
+            *_operational(reads),
             *_pool_ops(),
-            *_config_ops(),
+            *_config_ops(reads),
             *self_operations("sie", READ),
             *dropin_operations(),  # Cohere/Jina, TEI, /version, model in the body (§15)
         ),
