@@ -19,15 +19,21 @@ import anyio
 import httpx
 
 from sie.client.calls import DEFAULT_TIMEOUT_S, Call, CallBuilder
-from sie.client.errors import (
-    ProvisioningError,
-    SIEConnectionError,
-    SIEError,
-    error_from_response,
+from sie.client.errors import ProvisioningError
+from sie.client.exchange import (
+    broken_stream,
+    builder_args,
+    forward,
+    is_event_stream,
+    parse_answer,
+    request_for,
+    retry_delay,
+    settled,
+    transport_delay,
 )
 from sie.client.generation import AsyncGenerationMixin
 from sie.client.pools import AsyncPoolsMixin
-from sie.client.sse import DONE, SSEReader
+from sie.client.sse import SSEReader
 from sie.client.types import (
     CapacityInfo,
     EncodeResult,
@@ -35,7 +41,6 @@ from sie.client.types import (
     ModelInfo,
     ScoreResult,
 )
-from sie.client.wire import check_version_skew
 from sie.client.ws import aiter_messages
 
 __all__ = ["SIEAsyncClient"]
@@ -44,12 +49,6 @@ log = logging.getLogger("sie.client")
 
 #: Connections kept per client (and per host) unless ``max_connections`` says otherwise.
 DEFAULT_MAX_CONNECTIONS = 100
-
-
-def _settings() -> Any:
-    from sie.settings import client_settings
-
-    return client_settings()
 
 
 class SIEAsyncClient(AsyncGenerationMixin, AsyncPoolsMixin):
@@ -72,17 +71,7 @@ class SIEAsyncClient(AsyncGenerationMixin, AsyncPoolsMixin):
         config_url: str | None = None,
         admin_key: str | None = None,
     ) -> None:
-        env = _settings()
-        self._b = CallBuilder(
-            base_url or env.gateway_url,
-            timeout_s=timeout_s,
-            api_key=api_key if api_key is not None else env.inference_token(),
-            gpu=gpu,
-            options=options,
-            pool=pool,
-            config_url=config_url or env.config_service_url,
-            admin_key=admin_key if admin_key is not None else env.admin_token_value(),
-        )
+        self._b = CallBuilder(**builder_args(locals()))
         conns = max_connections or DEFAULT_MAX_CONNECTIONS
         self._http = httpx.AsyncClient(
             base_url=self._b.base_url,
@@ -107,84 +96,47 @@ class SIEAsyncClient(AsyncGenerationMixin, AsyncPoolsMixin):
                 stacklevel=2,
             )
 
-    # -- transport -----------------------------------------------------------------------
-    async def _send(self, call: Call) -> httpx.Response:
-        policy = call.policy
+    # -- transport (the decisions: sie.client.exchange) ----------------------------------
+    async def _open(self, call: Call, *, stream: bool = False) -> httpx.Response:
         while True:
-            timeout = policy.attempt_timeout() if policy else self._b.timeout_s
+            request = request_for(self._http, call, self._b.timeout_s)
             try:
-                resp = await self._http.request(
-                    call.method,
-                    call.url,
-                    content=call.content,
-                    headers=call.headers,
-                    timeout=timeout,
-                )
+                resp = await self._http.send(request, stream=stream)
             except httpx.TransportError as exc:
-                if policy is None:
-                    raise SIEConnectionError(f"{call.method} {call.url}: {exc!r}") from exc
-                await anyio.sleep(policy.after_transport_error(exc))
+                await anyio.sleep(transport_delay(call, exc))
                 continue
-            status = resp.status_code
-            if status in call.ok or (status < 400 and not (status == 202 and policy)):
-                check_version_skew(resp.headers)
+            if settled(call, resp.status_code, resp.headers, stream=stream):
                 return resp
-            try:
-                if policy is None:
-                    raise error_from_response(status, resp.headers, resp.content)
-                delay = policy.after_response(status, resp.headers, resp.content)
-            except SIEError as err:
-                raise (call.on_error(err) if call.on_error else err) from None
-            await anyio.sleep(delay)
+            body = await resp.aread()
+            await resp.aclose()
+            await anyio.sleep(retry_delay(call, resp.status_code, resp.headers, body))
 
     async def _run(self, call: Call) -> Any:
         if self._slots is None:
-            resp = await self._send(call)
+            resp = await self._open(call)
         else:
             async with self._slots:
-                resp = await self._send(call)
-        try:
-            return call.parse(resp)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise SIEError(f"{call.method} {call.url}: unexpected answer: {exc}") from exc
+                resp = await self._open(call)
+        return parse_answer(call, resp)
 
     async def _stream(self, call: Call) -> AsyncIterator[dict[str, Any]]:
-        policy = call.policy
-        assert policy is not None
-        while True:
-            timeout = policy.attempt_timeout()
-            request = self._http.build_request(
-                call.method, call.url, content=call.content, headers=call.headers, timeout=timeout
-            )
-            try:
-                resp = await self._http.send(request, stream=True)
-            except httpx.TransportError as exc:
-                await anyio.sleep(policy.after_transport_error(exc))
-                continue
-            if resp.status_code >= 400:
-                body = await resp.aread()
-                await resp.aclose()
-                await anyio.sleep(policy.after_response(resp.status_code, resp.headers, body))
-                continue
-            break
-        check_version_skew(resp.headers)
+        assert call.policy is not None
+        resp = await self._open(call, stream=True)
         try:
-            if "text/event-stream" not in resp.headers.get("content-type", ""):
+            if not is_event_stream(resp):
                 await resp.aread()
                 yield resp.json()
                 return
             reader = SSEReader()
             async for line in resp.aiter_lines():
-                got = reader.feed(line)
-                if got is DONE:
+                for chunk in reader.chunks(line):
+                    yield chunk
+                if reader.done:
                     return
-                if got is not None:
-                    yield got
-            last = reader.close()
-            if last is not None and last is not DONE:
-                yield last
+            for chunk in reader.rest():
+                yield chunk
         except httpx.TransportError as exc:
-            raise SIEConnectionError(f"stream broke: {exc!r}") from exc
+            raise broken_stream(exc) from exc
         finally:
             await resp.aclose()
 
@@ -210,22 +162,9 @@ class SIEAsyncClient(AsyncGenerationMixin, AsyncPoolsMixin):
         max_oom_retries: int = 3,
     ) -> EncodeResult | list[EncodeResult]:
         """As ``SIEClient.encode`` (docs/sdk.md "Calls")."""
+        args = forward(locals())
         await self._ensure_lazy_pool()
-        return await self._run(  # type: ignore[no-any-return]
-            self._b.encode_call(
-                model,
-                items,
-                output_types=output_types,
-                instruction=instruction,
-                output_dtype=output_dtype,
-                is_query=is_query,
-                options=options,
-                gpu=gpu,
-                wait_for_capacity=wait_for_capacity,
-                provision_timeout_s=provision_timeout_s,
-                max_oom_retries=max_oom_retries,
-            )
-        )
+        return await self._run(self._b.encode_call(**args))  # type: ignore[no-any-return]
 
     async def score(
         self,
@@ -242,21 +181,9 @@ class SIEAsyncClient(AsyncGenerationMixin, AsyncPoolsMixin):
         top_k: int | None = None,
     ) -> ScoreResult:
         """As ``SIEClient.score``."""
+        args = forward(locals())
         await self._ensure_lazy_pool()
-        return await self._run(  # type: ignore[no-any-return]
-            self._b.score_call(
-                model,
-                query,
-                items,
-                instruction=instruction,
-                options=options,
-                gpu=gpu,
-                wait_for_capacity=wait_for_capacity,
-                provision_timeout_s=provision_timeout_s,
-                max_oom_retries=max_oom_retries,
-                top_k=top_k,
-            )
-        )
+        return await self._run(self._b.score_call(**args))  # type: ignore[no-any-return]
 
     async def extract(
         self,
@@ -273,21 +200,9 @@ class SIEAsyncClient(AsyncGenerationMixin, AsyncPoolsMixin):
         max_oom_retries: int = 3,
     ) -> ExtractResult | list[ExtractResult]:
         """As ``SIEClient.extract``."""
+        args = forward(locals())
         await self._ensure_lazy_pool()
-        return await self._run(  # type: ignore[no-any-return]
-            self._b.extract_call(
-                model,
-                items,
-                labels=labels,
-                output_schema=output_schema,
-                instruction=instruction,
-                options=options,
-                gpu=gpu,
-                wait_for_capacity=wait_for_capacity,
-                provision_timeout_s=provision_timeout_s,
-                max_oom_retries=max_oom_retries,
-            )
-        )
+        return await self._run(self._b.extract_call(**args))  # type: ignore[no-any-return]
 
     # -- models, capacity, watch ---------------------------------------------------------
     async def list_models(self) -> list[ModelInfo]:

@@ -49,32 +49,41 @@ def generation_body(
     return {k: v for k, v in body.items() if v is not None}
 
 
+#: The public method → its route (``CallBuilder.generation_call``).
+_ROUTES = {"chat": "chat", "complete": "completions", "generate": "native"}
+_SAMPLING = ("max_tokens", "temperature", "top_p", "seed", "stop")
+
+
 class _Builds:
     _b: CallBuilder
 
-    def _gen_call(
-        self,
-        route: str,
-        model: str,
-        fields: Mapping[str, Any],
-        stream: bool,
-        include_usage: bool,
-        sampling: dict[str, Any],
-        gpu: str | None,
-        wait_for_capacity: bool,
-        provision_timeout_s: float | None,
-        params: Mapping[str, Any],
-    ) -> Call:
+    def _gen_call(self, method: str, args: Mapping[str, Any]) -> Call:
+        """The ``Call`` of ``chat`` / ``complete`` / ``generate`` from its arguments
+        (the method's ``locals()``)."""
+        if method == "chat":
+            fields: dict[str, Any] = {"messages": list(args["messages"])}
+        elif method == "complete":
+            fields = {"prompt": args["prompt"]}
+        else:
+            messages = args["messages"]
+            fields = {
+                "prompt": args["prompt"],
+                "messages": list(messages) if messages is not None else None,
+            }
         body = generation_body(
-            fields, stream=stream, include_usage=include_usage, params=params, **sampling
+            fields,
+            stream=args["stream"],
+            include_usage=args["include_usage"],
+            params=args["params"],
+            **{k: args[k] for k in _SAMPLING},
         )
         return self._b.generation_call(
-            route,
-            model,
+            _ROUTES[method],
+            args["model"],
             body,
-            gpu=gpu,
-            wait_for_capacity=wait_for_capacity,
-            provision_timeout_s=provision_timeout_s,
+            gpu=args["gpu"],
+            wait_for_capacity=args["wait_for_capacity"],
+            provision_timeout_s=args["provision_timeout_s"],
         )
 
 
@@ -84,8 +93,9 @@ class GenerationMixin(_Builds):
     _run: Callable[[Call], Any]  # provided by the client
     _stream: Callable[[Call], Any]
 
-    def _go(self, call: Call, stream: bool) -> Any:
-        return self._stream(call) if stream else self._run(call)
+    def _go(self, method: str, args: Mapping[str, Any]) -> Any:
+        call = self._gen_call(method, args)
+        return self._stream(call) if args["stream"] else self._run(call)
 
     def chat(
         self,
@@ -112,26 +122,7 @@ class GenerationMixin(_Builds):
             RequestError (400 naming the field, 404 unknown model),
             ModelLoadFailedError, ProvisioningError, ServerError, SIEConnectionError.
         """
-        sampling = {
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
-            "seed": seed,
-            "stop": stop,
-        }
-        call = self._gen_call(
-            "chat",
-            model,
-            {"messages": list(messages)},
-            stream,
-            include_usage,
-            sampling,
-            gpu,
-            wait_for_capacity,
-            provision_timeout_s,
-            params,
-        )
-        return self._go(call, stream)
+        return self._go("chat", locals())
 
     def complete(
         self,
@@ -152,26 +143,7 @@ class GenerationMixin(_Builds):
     ) -> Any:
         """``POST /v1/completions``: the ``text_completion`` dict or its stream. As
         ``chat``."""
-        sampling = {
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
-            "seed": seed,
-            "stop": stop,
-        }
-        call = self._gen_call(
-            "completions",
-            model,
-            {"prompt": prompt},
-            stream,
-            include_usage,
-            sampling,
-            gpu,
-            wait_for_capacity,
-            provision_timeout_s,
-            params,
-        )
-        return self._go(call, stream)
+        return self._go("complete", locals())
 
     def generate(
         self,
@@ -194,27 +166,7 @@ class GenerationMixin(_Builds):
         """``POST /v1/generate/{model}`` (SIE-native; ``prompt`` or ``messages``):
         ``{"model", "text", "finish_reason", "usage"}``, or streamed ``{"model",
         "text", "finish_reason"}`` deltas. As ``chat``."""
-        sampling = {
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
-            "seed": seed,
-            "stop": stop,
-        }
-        fields = {"prompt": prompt, "messages": list(messages) if messages is not None else None}
-        call = self._gen_call(
-            "native",
-            model,
-            fields,
-            stream,
-            include_usage,
-            sampling,
-            gpu,
-            wait_for_capacity,
-            provision_timeout_s,
-            params,
-        )
-        return self._go(call, stream)
+        return self._go("generate", locals())
 
 
 class AsyncGenerationMixin(_Builds):
@@ -224,8 +176,9 @@ class AsyncGenerationMixin(_Builds):
     _run: Callable[[Call], Awaitable[Any]]  # provided by the client
     _stream: Callable[[Call], Any]
 
-    async def _go(self, call: Call, stream: bool) -> Any:
-        return self._stream(call) if stream else await self._run(call)
+    async def _go(self, method: str, args: Mapping[str, Any]) -> Any:
+        call = self._gen_call(method, args)
+        return self._stream(call) if args["stream"] else await self._run(call)
 
     async def chat(
         self,
@@ -245,26 +198,7 @@ class AsyncGenerationMixin(_Builds):
         **params: Any,
     ) -> Any:
         """As ``SIEClient.chat``."""
-        sampling = {
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
-            "seed": seed,
-            "stop": stop,
-        }
-        call = self._gen_call(
-            "chat",
-            model,
-            {"messages": list(messages)},
-            stream,
-            include_usage,
-            sampling,
-            gpu,
-            wait_for_capacity,
-            provision_timeout_s,
-            params,
-        )
-        return await self._go(call, stream)
+        return await self._go("chat", locals())
 
     async def complete(
         self,
@@ -284,26 +218,7 @@ class AsyncGenerationMixin(_Builds):
         **params: Any,
     ) -> Any:
         """As ``SIEClient.complete``."""
-        sampling = {
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
-            "seed": seed,
-            "stop": stop,
-        }
-        call = self._gen_call(
-            "completions",
-            model,
-            {"prompt": prompt},
-            stream,
-            include_usage,
-            sampling,
-            gpu,
-            wait_for_capacity,
-            provision_timeout_s,
-            params,
-        )
-        return await self._go(call, stream)
+        return await self._go("complete", locals())
 
     async def generate(
         self,
@@ -324,24 +239,4 @@ class AsyncGenerationMixin(_Builds):
         **params: Any,
     ) -> Any:
         """As ``SIEClient.generate``."""
-        sampling = {
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
-            "seed": seed,
-            "stop": stop,
-        }
-        fields = {"prompt": prompt, "messages": list(messages) if messages is not None else None}
-        call = self._gen_call(
-            "native",
-            model,
-            fields,
-            stream,
-            include_usage,
-            sampling,
-            gpu,
-            wait_for_capacity,
-            provision_timeout_s,
-            params,
-        )
-        return await self._go(call, stream)
+        return await self._go("generate", locals())

@@ -14,10 +14,11 @@ import asyncio
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from sie.client.calls import Call, CallBuilder, renew_interval
 from sie.client.errors import SIEError
+from sie.client.exchange import forward
 from sie.client.types import PoolInfo
 
 __all__ = ["RENEW_ATTEMPTS", "AsyncPoolsMixin", "PoolsMixin"]
@@ -26,9 +27,35 @@ log = logging.getLogger("sie.client")
 
 RENEW_ATTEMPTS = 5
 
+_R = TypeVar("_R")
+
 
 def _backoff(attempt: int) -> float:
     return float(min(2**attempt, 10))
+
+
+def _create_call(b: CallBuilder, args: Mapping[str, Any]) -> Call:
+    """``create_pool``'s call from its arguments (the method's ``locals()``)."""
+    return b.create_pool_call(b.pool_spec(**{k: v for k, v in args.items() if k != "renew"}))
+
+
+def _to_renew(
+    b: CallBuilder, info: PoolInfo, args: Mapping[str, Any], renewing: Mapping[str, Any]
+) -> tuple[str, float] | None:
+    """After ``create_pool``: remember the pool; the name and renewal interval of a
+    lease to start renewing (None: no lease, ``renew=False``, or renewed already)."""
+    canonical = str(info.get("spec", {}).get("name", args["name"]))
+    b.last_pool = canonical
+    interval = renew_interval(args["ttl_seconds"])
+    if args["renew"] and interval is not None and canonical not in renewing:
+        return canonical, interval
+    return None
+
+
+def _pop_renewers(renewing: dict[str, _R], name: str | None) -> list[_R]:
+    """Remove ``name``'s renewer (every one when None) and return what was removed."""
+    keys = [name] if name is not None else list(renewing)
+    return [r for r in (renewing.pop(k, None) for k in keys) if r is not None]
 
 
 class PoolsMixin:
@@ -58,22 +85,11 @@ class PoolsMixin:
             PoolError: 400 naming the bad field, 409 ``POOL_CONFLICT`` (another spec
                 under the name), 403 (``default``, or no admin token).
         """
-        spec = self._b.pool_spec(
-            name,
-            gpus,
-            bundle=bundle,
-            minimum_worker_count=minimum_worker_count,
-            ttl_seconds=ttl_seconds,
-            gpu_caps=gpu_caps,
-            queue_pool=queue_pool,
-            pinned_models=pinned_models,
-        )
-        info: PoolInfo = self._run(self._b.create_pool_call(spec))
-        canonical = str(info.get("spec", {}).get("name", name))
-        self._b.last_pool = canonical
-        interval = renew_interval(ttl_seconds)
-        if renew and interval is not None and canonical not in self._pool_renewers:
-            self._start_renewer(canonical, interval)
+        args = forward(locals())
+        info: PoolInfo = self._run(_create_call(self._b, args))
+        lease = _to_renew(self._b, info, args, self._pool_renewers)
+        if lease is not None:
+            self._start_renewer(*lease)
         return info
 
     def _start_renewer(self, name: str, interval: float) -> None:
@@ -94,11 +110,8 @@ class PoolsMixin:
         threading.Thread(target=loop, name=f"sie-pool-renew-{name}", daemon=True).start()
 
     def _stop_renewers(self, name: str | None = None) -> None:
-        renewers = self._pool_renewers
-        for key in [name] if name is not None else list(renewers):
-            stop = renewers.pop(key, None)
-            if stop is not None:
-                stop.set()
+        for stop in _pop_renewers(self._pool_renewers, name):
+            stop.set()
 
     def get_pool(self, name: str | None = None) -> PoolInfo | None:
         """A pool (default: the one this client created last); None when absent."""
@@ -141,21 +154,11 @@ class AsyncPoolsMixin:
         renew: bool = True,
     ) -> PoolInfo:
         """As ``SIEClient.create_pool``; the lease is renewed by an asyncio task."""
-        spec = self._b.pool_spec(
-            name,
-            gpus,
-            bundle=bundle,
-            minimum_worker_count=minimum_worker_count,
-            ttl_seconds=ttl_seconds,
-            gpu_caps=gpu_caps,
-            queue_pool=queue_pool,
-            pinned_models=pinned_models,
-        )
-        info: PoolInfo = await self._run(self._b.create_pool_call(spec))
-        canonical = str(info.get("spec", {}).get("name", name))
-        self._b.last_pool = canonical
-        interval = renew_interval(ttl_seconds)
-        if renew and interval is not None and canonical not in self._pool_renewers:
+        args = forward(locals())
+        info: PoolInfo = await self._run(_create_call(self._b, args))
+        lease = _to_renew(self._b, info, args, self._pool_renewers)
+        if lease is not None:
+            canonical, interval = lease
             self._pool_renewers[canonical] = asyncio.create_task(
                 self._renew_loop(canonical, interval)
             )
@@ -173,11 +176,8 @@ class AsyncPoolsMixin:
                     await asyncio.sleep(_backoff(attempt))
 
     def _stop_renewers(self, name: str | None = None) -> None:
-        renewers = self._pool_renewers
-        for key in [name] if name is not None else list(renewers):
-            task = renewers.pop(key, None)
-            if task is not None:
-                task.cancel()
+        for task in _pop_renewers(self._pool_renewers, name):
+            task.cancel()
 
     async def get_pool(self, name: str | None = None) -> PoolInfo | None:
         """As ``SIEClient.get_pool``."""

@@ -28,6 +28,22 @@ class SSEReader:
     def __init__(self) -> None:
         self.event: str | None = None
         self.data: list[str] = []
+        #: True once ``data: [DONE]`` arrived (set by ``chunks``).
+        self.done = False
+
+    def chunks(self, line: str) -> list[Any]:
+        """The chunk ``line`` completes, as a list (empty when none); sets ``done``
+        at ``[DONE]``. Both clients' stream loops read through this."""
+        got = self.feed(line)
+        if got is DONE:
+            self.done = True
+            return []
+        return [] if got is None else [got]
+
+    def rest(self) -> list[Any]:
+        """The end of the stream: the event still buffered (not ``[DONE]``), if any."""
+        last = self.close()
+        return [] if last is None or last is DONE else [last]
 
     def feed(self, line: str) -> Any:
         if line.startswith(":"):

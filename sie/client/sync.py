@@ -17,15 +17,21 @@ from typing import Any
 import httpx
 
 from sie.client.calls import DEFAULT_TIMEOUT_S, Call, CallBuilder
-from sie.client.errors import (
-    ProvisioningError,
-    SIEConnectionError,
-    SIEError,
-    error_from_response,
+from sie.client.errors import ProvisioningError
+from sie.client.exchange import (
+    broken_stream,
+    builder_args,
+    forward,
+    is_event_stream,
+    parse_answer,
+    request_for,
+    retry_delay,
+    settled,
+    transport_delay,
 )
 from sie.client.generation import GenerationMixin
 from sie.client.pools import PoolsMixin
-from sie.client.sse import DONE, SSEReader
+from sie.client.sse import SSEReader
 from sie.client.types import (
     CapacityInfo,
     EncodeResult,
@@ -33,18 +39,11 @@ from sie.client.types import (
     ModelInfo,
     ScoreResult,
 )
-from sie.client.wire import check_version_skew
 from sie.client.ws import iter_messages
 
 __all__ = ["SIEClient"]
 
 log = logging.getLogger("sie.client")
-
-
-def _settings() -> Any:
-    from sie.settings import client_settings
-
-    return client_settings()
 
 
 class SIEClient(GenerationMixin, PoolsMixin):
@@ -78,17 +77,7 @@ class SIEClient(GenerationMixin, PoolsMixin):
         config_url: str | None = None,
         admin_key: str | None = None,
     ) -> None:
-        env = _settings()
-        self._b = CallBuilder(
-            base_url or env.gateway_url,
-            timeout_s=timeout_s,
-            api_key=api_key if api_key is not None else env.inference_token(),
-            gpu=gpu,
-            options=options,
-            pool=pool,
-            config_url=config_url or env.config_service_url,
-            admin_key=admin_key if admin_key is not None else env.admin_token_value(),
-        )
+        self._b = CallBuilder(**builder_args(locals()))
         self._http = httpx.Client(
             base_url=self._b.base_url, timeout=timeout_s, headers=self._b.default_headers
         )
@@ -99,80 +88,40 @@ class SIEClient(GenerationMixin, PoolsMixin):
     def base_url(self) -> str:
         return self._b.base_url
 
-    # -- transport -----------------------------------------------------------------------
-    def _send(self, call: Call) -> httpx.Response:
-        policy = call.policy
+    # -- transport (the decisions: sie.client.exchange) ----------------------------------
+    def _open(self, call: Call, *, stream: bool = False) -> httpx.Response:
         while True:
-            timeout = policy.attempt_timeout() if policy else self._b.timeout_s
+            request = request_for(self._http, call, self._b.timeout_s)
             try:
-                resp = self._http.request(
-                    call.method,
-                    call.url,
-                    content=call.content,
-                    headers=call.headers,
-                    timeout=timeout,
-                )
+                resp = self._http.send(request, stream=stream)
             except httpx.TransportError as exc:
-                if policy is None:
-                    raise SIEConnectionError(f"{call.method} {call.url}: {exc!r}") from exc
-                time.sleep(policy.after_transport_error(exc))
+                time.sleep(transport_delay(call, exc))
                 continue
-            status = resp.status_code
-            if status in call.ok or (status < 400 and not (status == 202 and policy)):
-                check_version_skew(resp.headers)
+            if settled(call, resp.status_code, resp.headers, stream=stream):
                 return resp
-            try:
-                if policy is None:
-                    raise error_from_response(status, resp.headers, resp.content)
-                delay = policy.after_response(status, resp.headers, resp.content)
-            except SIEError as err:
-                raise (call.on_error(err) if call.on_error else err) from None
-            time.sleep(delay)
+            body = resp.read()
+            resp.close()
+            time.sleep(retry_delay(call, resp.status_code, resp.headers, body))
 
     def _run(self, call: Call) -> Any:
-        resp = self._send(call)
-        try:
-            return call.parse(resp)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise SIEError(f"{call.method} {call.url}: unexpected answer: {exc}") from exc
+        return parse_answer(call, self._open(call))
 
     def _stream(self, call: Call) -> Iterator[dict[str, Any]]:
-        policy = call.policy
-        assert policy is not None
-        while True:
-            timeout = policy.attempt_timeout()
-            request = self._http.build_request(
-                call.method, call.url, content=call.content, headers=call.headers, timeout=timeout
-            )
-            try:
-                resp = self._http.send(request, stream=True)
-            except httpx.TransportError as exc:
-                time.sleep(policy.after_transport_error(exc))
-                continue
-            if resp.status_code >= 400:
-                body = resp.read()
-                resp.close()
-                time.sleep(policy.after_response(resp.status_code, resp.headers, body))
-                continue
-            break
-        check_version_skew(resp.headers)
+        assert call.policy is not None
+        resp = self._open(call, stream=True)
         try:
-            if "text/event-stream" not in resp.headers.get("content-type", ""):
+            if not is_event_stream(resp):
                 resp.read()
                 yield resp.json()
                 return
             reader = SSEReader()
             for line in resp.iter_lines():
-                got = reader.feed(line)
-                if got is DONE:
+                yield from reader.chunks(line)
+                if reader.done:
                     return
-                if got is not None:
-                    yield got
-            last = reader.close()
-            if last is not None and last is not DONE:
-                yield last
+            yield from reader.rest()
         except httpx.TransportError as exc:
-            raise SIEConnectionError(f"stream broke: {exc!r}") from exc
+            raise broken_stream(exc) from exc
         finally:
             resp.close()
 
@@ -204,22 +153,9 @@ class SIEClient(GenerationMixin, PoolsMixin):
             RequestError (4xx), ModelLoadFailedError (502), ResourceExhaustedError,
             ModelLoadingError, ProvisioningError, ServerError, SIEConnectionError.
         """
+        args = forward(locals())
         self._ensure_lazy_pool()
-        return self._run(  # type: ignore[no-any-return]
-            self._b.encode_call(
-                model,
-                items,
-                output_types=output_types,
-                instruction=instruction,
-                output_dtype=output_dtype,
-                is_query=is_query,
-                options=options,
-                gpu=gpu,
-                wait_for_capacity=wait_for_capacity,
-                provision_timeout_s=provision_timeout_s,
-                max_oom_retries=max_oom_retries,
-            )
-        )
+        return self._run(self._b.encode_call(**args))  # type: ignore[no-any-return]
 
     def score(
         self,
@@ -237,21 +173,9 @@ class SIEClient(GenerationMixin, PoolsMixin):
     ) -> ScoreResult:
         """Rank ``items`` against ``query``, best first (docs/api.md §3). Errors as
         ``encode``."""
+        args = forward(locals())
         self._ensure_lazy_pool()
-        return self._run(  # type: ignore[no-any-return]
-            self._b.score_call(
-                model,
-                query,
-                items,
-                instruction=instruction,
-                options=options,
-                gpu=gpu,
-                wait_for_capacity=wait_for_capacity,
-                provision_timeout_s=provision_timeout_s,
-                max_oom_retries=max_oom_retries,
-                top_k=top_k,
-            )
-        )
+        return self._run(self._b.score_call(**args))  # type: ignore[no-any-return]
 
     def extract(
         self,
@@ -269,21 +193,9 @@ class SIEClient(GenerationMixin, PoolsMixin):
     ) -> ExtractResult | list[ExtractResult]:
         """Entities (and relations, classifications, objects) per item (docs/api.md §4).
         One item in, one result out. Errors as ``encode``."""
+        args = forward(locals())
         self._ensure_lazy_pool()
-        return self._run(  # type: ignore[no-any-return]
-            self._b.extract_call(
-                model,
-                items,
-                labels=labels,
-                output_schema=output_schema,
-                instruction=instruction,
-                options=options,
-                gpu=gpu,
-                wait_for_capacity=wait_for_capacity,
-                provision_timeout_s=provision_timeout_s,
-                max_oom_retries=max_oom_retries,
-            )
-        )
+        return self._run(self._b.extract_call(**args))  # type: ignore[no-any-return]
 
     # -- models, capacity, watch ---------------------------------------------------------
     def list_models(self) -> list[ModelInfo]:
