@@ -107,6 +107,19 @@ def _path(model: str) -> str:
     return quote(model, safe="/:@")
 
 
+def _batch(items: Any) -> tuple[list[Any], bool]:
+    """``items`` as a list, and whether it was one item (an ``Item`` or a str)."""
+    single = isinstance(items, Mapping | str)
+    return ([items] if single else list(items)), single
+
+
+def _results(
+    single: bool, parse: Callable[[httpx.Response], list[Any]]
+) -> Callable[[httpx.Response], Any]:
+    """``parse``, answering the one result when one item was sent."""
+    return lambda resp: parse(resp)[0] if single else parse(resp)
+
+
 class CallBuilder:
     """The request side of both clients: settings, headers and one ``Call`` per
     method. ``base_url`` is the gateway; ``config_url`` the config role (default:
@@ -185,9 +198,9 @@ class CallBuilder:
         provision_timeout_s: float | None = None,
         max_oom_retries: int = 3,
     ) -> Call:
-        single = isinstance(items, Mapping | str)
+        batch, single = _batch(items)
         body = encode_body(
-            [items] if single else list(items),
+            batch,
             output_types=output_types,
             instruction=instruction,
             output_dtype=output_dtype,
@@ -195,16 +208,12 @@ class CallBuilder:
             options=merge_options(self.options, options),
         )
 
-        def parse(resp: httpx.Response) -> Any:
-            results = parse_encode(unpack(resp.content), timing_of(resp.headers))
-            return results[0] if single else results
-
         return self._msgpack_call(
             "encode",
             model,
             body,
             gpu,
-            parse,
+            _results(single, lambda r: parse_encode(unpack(r.content), timing_of(r.headers))),
             wait_for_capacity=wait_for_capacity,
             provision_timeout_s=provision_timeout_s,
             max_oom_retries=max_oom_retries,
@@ -256,25 +265,21 @@ class CallBuilder:
         provision_timeout_s: float | None = None,
         max_oom_retries: int = 3,
     ) -> Call:
-        single = isinstance(items, Mapping | str)
+        batch, single = _batch(items)
         body = extract_body(
-            [items] if single else list(items),
+            batch,
             labels=labels,
             output_schema=output_schema,
             instruction=instruction,
             options=merge_options(self.options, options),
         )
 
-        def parse(resp: httpx.Response) -> Any:
-            results = parse_extract(unpack(resp.content))
-            return results[0] if single else results
-
         return self._msgpack_call(
             "extract",
             model,
             body,
             gpu,
-            parse,
+            _results(single, lambda r: parse_extract(unpack(r.content))),
             wait_for_capacity=wait_for_capacity,
             provision_timeout_s=provision_timeout_s,
             max_oom_retries=max_oom_retries,
