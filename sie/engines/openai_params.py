@@ -45,6 +45,7 @@ from pydantic import (
     Tag,
 )
 
+from sie.core.echo import echo
 from sie.core.errors import InvalidInput
 from sie.core.validation import Text, validate
 from sie.engines.generation import GenerationRequest, SamplingParams, validate_request
@@ -242,8 +243,11 @@ def _check_unknown(schema: type[_Body], payload: dict[str, Any], route: str) -> 
     unknown = [k for k in payload if k not in schema.model_fields]
     if unknown:
         path = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+        # the client's key, shortened and with lone surrogates escaped: it travels
+        # back in the error chunk, which must encode
+        name = echo(str(unknown[0])).encode("utf-8", "backslashreplace").decode("utf-8")
         raise _refuse(
-            str(unknown[0]),
+            name,
             f"unknown parameter for {path.get(route, '/v1/generate')} (SIE refuses "
             "parameters it does not implement instead of ignoring them)",
         )
@@ -276,8 +280,12 @@ def _logit_bias(raw: dict[str, Any] | None) -> dict[int, float]:
             raise _refuse("logit_bias", f"key {key[:40]!r} is not a token id")
         if isinstance(bias, bool) or not isinstance(bias, int | float):
             raise _refuse("logit_bias", f"token {key}: the bias must be a number")
-        if not -100.0 <= bias <= 100.0:  # NaN fails too
-            raise _refuse("logit_bias", f"token {key}: bias {bias:g} is outside [-100, 100]")
+        if not -100.0 <= bias <= 100.0:  # NaN fails too; an int may be too big for a float
+            digits = str(bias)
+            shown = (
+                f"{bias:g}" if isinstance(bias, float) else digits[:16] + "..." * (len(digits) > 16)
+            )
+            raise _refuse("logit_bias", f"token {key}: bias {shown} is outside [-100, 100]")
         out[int(key)] = float(bias)
     return out
 

@@ -122,7 +122,11 @@ async def _model_from_body(request: Request) -> tuple[str, bytes]:
     def decode(raw: bytes) -> Any:
         if not msgpack:
             return decode_json(raw)
-        value = unpackb(raw)
+        try:
+            value = unpackb(raw)
+        except WireError as exc:  # named as read_payload names it
+            exc.fields.setdefault("field", "body")
+            raise
         check_depth(value, DEFAULT_MAX_DEPTH)
         return value
 

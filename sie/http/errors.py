@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sie.core.errors import SieError
+from sie.core.errors import ModelNotFound, SieError
 
 __all__ = [
     "EXCEPTION_HANDLERS",
@@ -137,12 +137,13 @@ class InternalError(SieError):
 
 
 def openai_error(exc: SieError) -> JSONResponse:
-    """OpenAI error envelope; ``param`` is the offending field when known; an unknown
-    model's ``suggestions`` (the closest ids, docs/api.md §15) ride along."""
+    """OpenAI error envelope; ``param`` is the offending field when known (``model`` for
+    an unknown model); an unknown model's ``suggestions`` (the closest ids, docs/api.md
+    §15) ride along."""
     err: dict[str, Any] = {
         "message": exc.message,
         "type": "invalid_request_error" if exc.status < 500 else "server_error",
-        "param": exc.fields.get("field"),
+        "param": exc.fields.get("field", "model" if isinstance(exc, ModelNotFound) else None),
         "code": exc.code.lower(),
     }
     if "suggestions" in exc.fields:

@@ -32,6 +32,7 @@ from opentelemetry import trace
 from starlette.requests import Request
 from starlette.responses import Response
 
+from sie.core.echo import echo
 from sie.core.errors import (
     AllItemsFailed,
     InferenceError,
@@ -101,6 +102,11 @@ def _check_input(payload: Any) -> None:
         raise InvalidInput("input: expected a string or a list of strings", field="input")
 
 
+#: Largest ``truncate_prompt_tokens`` passed on to the workers (larger values could not
+#: be forwarded: they do not fit the wire's 64-bit integers).
+MAX_TRUNCATE_PROMPT_TOKENS = 2**31 - 1
+
+
 def _options(req: EmbeddingsRequest) -> dict[str, Any] | None:
     """The encode runtime options of ``truncate`` / ``truncate_prompt_tokens``
     (``sie.engines.truncation``; docs/api.md §6)."""
@@ -111,6 +117,12 @@ def _options(req: EmbeddingsRequest) -> dict[str, Any] | None:
     if k == 0:
         raise InvalidInput(
             "truncate_prompt_tokens: must be -1 (the model's limit) or at least 1",
+            field="truncate_prompt_tokens",
+        )
+    if k is not None and k > MAX_TRUNCATE_PROMPT_TOKENS:  # no window is this long
+        raise InvalidInput(
+            f"truncate_prompt_tokens: {echo(k, 24)} is more than any model reads; send at "
+            "most the model's max_sequence_length, or -1 for the model's limit",
             field="truncate_prompt_tokens",
         )
     if k is not None and k > 0:

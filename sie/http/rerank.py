@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic_core import PydanticSerializationError
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -114,7 +115,9 @@ def _texts(req: RerankRequest) -> list[str]:
 
     Raises:
         InvalidInput: ``rank_fields`` other than ``["text"]``; a dict without a
-            string ``text``.
+            string ``text`` (or one with an unpaired surrogate); with
+            ``return_documents``, a dict that cannot be rendered as JSON (non-UTF-8 bytes
+            from a msgpack body, a surrogate in another field), naming ``documents[i]``.
     """
     if req.rank_fields is not None and list(req.rank_fields) != ["text"]:
         raise InvalidInput(
@@ -133,6 +136,22 @@ def _texts(req: RerankRequest) -> list[str]:
                 f"documents[{i}].text: required (a string) when the document is an object",
                 field=f"documents[{i}].text",
             )
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidInput(
+                f"documents[{i}].text: contains an unpaired surrogate at position {exc.start}",
+                field=f"documents[{i}].text",
+            ) from None
+        if req.return_documents:  # it comes back whole: it must render as JSON
+            try:
+                FastJSONResponse(doc)
+            except PydanticSerializationError:
+                raise InvalidInput(
+                    f"documents[{i}]: cannot be returned as JSON (bytes that are not UTF-8, "
+                    "or an unpaired surrogate); send text values only, or omit return_documents",
+                    field=f"documents[{i}]",
+                ) from None
         texts.append(text)
     return texts
 

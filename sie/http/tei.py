@@ -142,7 +142,8 @@ def _flatten(payload: Any) -> Any:
     inputs refused with a clear message.
 
     Raises:
-        InvalidInput: a key given both inside ``parameters`` and beside it; token ids.
+        InvalidInput: a key given both inside ``parameters`` and beside it; token ids;
+            a list element that is not a string (naming ``inputs[i]``).
     """
     if not isinstance(payload, dict):
         return payload
@@ -163,6 +164,10 @@ def _flatten(payload: Any) -> Any:
             "inputs: token-id inputs are not supported; send a string or a list of strings",
             field="inputs",
         )
+    if isinstance(inputs, list):  # name the element, not the list (as /v1/embeddings)
+        for i, x in enumerate(inputs):
+            if not isinstance(x, str):
+                raise InvalidInput(f"inputs[{i}]: expected a string", field=f"inputs[{i}]")
     return payload
 
 

@@ -19,17 +19,20 @@ probabilities travel on its chunk.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
 import anyio
 
-from sie.core.errors import InvalidInput, SieError
+from sie.core.errors import InferenceError, InvalidInput, SieError
 from sie.core.wire import GenerationChunk, WorkItem
 from sie.engines.base import Engine
 from sie.engines.generation import is_generator
 from sie.engines.openai_params import parse_generation
 
 __all__ = ["parse_generation", "run_generation"]
+
+log = logging.getLogger(__name__)
 
 
 async def run_generation(
@@ -71,6 +74,10 @@ async def run_generation(
         await anyio.to_thread.run_sync(engine.check_request, req)
     except SieError as exc:
         await publish(fail(0, exc))
+        return
+    except Exception as exc:  # a parser or engine bug: a 500 for this request, the worker lives
+        log.exception("generation %s: cannot parse or check the request", rid)
+        await publish(fail(0, InferenceError(f"generation failed: {exc}")))
         return
     await publish(GenerationChunk(request_id=rid, seq=0, worker_id=worker_id))
     seq = 0

@@ -21,7 +21,7 @@ import anyio
 import anyio.abc
 
 from sie.control.sync import ConfigSync
-from sie.core.errors import ModelNotFound, PoolNotFound, SieError
+from sie.core.errors import InferenceError, ModelNotFound, PoolNotFound, SieError
 from sie.core.registry import ModelEntry, ModelRegistry
 from sie.core.subjects import (
     CANCEL_WILDCARD,
@@ -257,7 +257,10 @@ class WorkerRole:
                 entry = self._entry(item)
                 async with self.models.use(entry, self.settings.model_load_wait_s) as loaded:
                     await run_generation(loaded.engine, item, publish, self.worker_id)
-        except SieError as exc:
+        except Exception as exc:  # any failure ends this request; the worker lives on
+            if not isinstance(exc, SieError):
+                log.exception("generation %s failed", item.request_id)
+            err = exc if isinstance(exc, SieError) else InferenceError(f"generation failed: {exc}")
             with anyio.CancelScope(shield=True):
                 try:
                     await publish(
@@ -265,8 +268,8 @@ class WorkerRole:
                             request_id=item.request_id,
                             seq=0,
                             done=True,
-                            error=exc.message,
-                            error_code=exc.code,
+                            error=err.message,
+                            error_code=err.code,
                             worker_id=self.worker_id,
                         )
                     )
