@@ -10,7 +10,8 @@ bytes, and hostile headers (``Content-Type`` charsets and parameters, ``Accept``
 weights, ``X-SIE-Pool`` / ``X-SIE-Machine-Profile``, ``Idempotency-Key``,
 ``Authorization``, ``traceparent``). A second stack with ``SIE_AUTH_MODE=token``
 covers the auth paths. The status stream (``/ws/cluster-status``) gets raw websocket
-handshakes, hostile ones included, and hostile frames once open.
+handshakes, hostile ones included, and hostile frames once open. The drop-in routes'
+default models are set (``DEFAULT_MODELS``), so a body without ``model`` runs too.
 
 Generation is served by ``sie.engines.generators.openai_upstream`` over the fake vLLM server
 (``tests/fakes/fake_vllm.py``), so valid chat / completion / generate requests run end
@@ -24,8 +25,11 @@ Every case must answer (a dropped or reset connection, or a timeout, fails it):
 - every error with its envelope and a stable code equal to ``X-SIE-Error-Code``: SIE
   ``{"detail": {"code"}}`` (``{"error": {"code"}}`` for 5xx), OpenAI ``{"error":
   {"code"}}`` on the OpenAI routes, ``{"detail": {"code", "error"}}`` on the config app;
+  on the drop-in routes (docs/api.md §15) TEI's ``{"error", "error_type", "code"}`` and
+  SIE's envelope plus Cohere's ``message`` (a wrong method: SIE's 405);
 - a 2xx body that decodes as its ``Content-Type`` says; an event stream carries no
-  server-side ``error`` event (other than a retryable one).
+  server-side ``error`` event (other than a retryable one); a drop-in rerank ranks best
+  first, a TEI vector is finite, sparse indices ascend.
 
 Afterwards ``/healthz`` answers at once, MiniLM still encodes exactly as
 sentence-transformers does, and every route of both apps got cases.
@@ -49,7 +53,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 from urllib.parse import parse_qs, quote, urlsplit
 
 import httpx
@@ -63,6 +67,9 @@ from starlette.routing import Route, WebSocketRoute
 
 from sie.core import errors as sie_errors
 from sie.core.config import dump_yaml
+from sie.http.compat import TeiErrorType
+from sie.http.dropin import COHERE_PATHS, TEI_PATHS
+from sie.http.pages import BROWSER_PATHS
 from tests.conftest import CONFIGS, MINILM, Stack, run_stack
 from tests.fakes.fake_vllm import FakeAsyncLLM, FakeVllmServer, serve
 
@@ -85,6 +92,13 @@ RETRYABLE_503 = frozenset(
 )
 OPENAI_ROUTES = ("/v1/embeddings", "/v1/chat/completions", "/v1/completions", "/v1/generate/")
 SIE_CODE = re.compile(r"^[A-Z][A-Z0-9_]*$")
+TEI_ERROR_TYPES = frozenset(get_args(TeiErrorType))
+#: the drop-in routes' default models (a body without ``model`` runs on them)
+DEFAULT_MODELS = {
+    "default_embed_model": MINILM,
+    "default_sparse_model": SPLADE,
+    "default_rerank_model": MINILM,
+}
 
 
 def fuzz_settings(n: int) -> Any:
@@ -155,14 +169,18 @@ profiles:
 
 @pytest.fixture(scope="module")
 def open_stack(models: Models) -> Iterator[Stack]:
-    with run_stack(preload=(MINILM, LLM), **models.overrides()) as s:
+    with run_stack(preload=(MINILM, LLM), **DEFAULT_MODELS, **models.overrides()) as s:
         yield s
 
 
 @pytest.fixture(scope="module")
 def secured_stack(models: Models) -> Iterator[Stack]:
     with run_stack(
-        auth_mode="token", auth_token=USER, admin_token=ADMIN, **models.overrides()
+        auth_mode="token",
+        auth_token=USER,
+        admin_token=ADMIN,
+        **DEFAULT_MODELS,
+        **models.overrides(),
     ) as s:
         yield s
 
@@ -196,18 +214,31 @@ def _error_code(resp: httpx.Response, envelope: str, where: str) -> str:
     except ValueError:
         pytest.fail(f"error body is not JSON: {where}")
     assert isinstance(body, dict), where
+    if envelope == "tei" and "error_type" in body:  # TEI's, with SIE's code beside it
+        assert isinstance(body.get("error"), str), where
+        assert body["error_type"] in TEI_ERROR_TYPES, where
+        assert (body["error_type"] == "Validation") == (resp.status_code < 500), where
+        code = body.get("code")
+        assert isinstance(code, str) and SIE_CODE.match(code), where
+        return code
+    if envelope == "cohere" and "message" in body:  # SIE's, plus Cohere's message
+        assert isinstance(body["message"], str), where
+    elif envelope in ("tei", "cohere"):  # a wrong method, refused before the route runs
+        assert resp.status_code == 405, where
     if envelope == "openai":
         err = body.get("error")
         assert isinstance(err, dict) and set(err) >= {"message", "type", "code"}, where
         code = err["code"]
         assert isinstance(code, str) and SIE_CODE.match(code.upper()), where
         return code.upper()
-    key = "error" if envelope == "sie" and resp.status_code >= 500 else "detail"
+    key = "error" if envelope in ("sie", "cohere") and resp.status_code >= 500 else "detail"
     detail = body.get(key)
     assert isinstance(detail, dict), where
     code = detail.get("code")
     assert isinstance(code, str) and SIE_CODE.match(code), where
     assert isinstance(detail.get("message"), str), where
+    if envelope == "cohere" and "message" in body:
+        assert body["message"] == detail["message"], where
     if envelope == "config":
         assert detail.get("error") == code.lower(), where
     return code
@@ -298,6 +329,11 @@ def _caller() -> str:
 def envelope_of(path: str, app: str) -> str:
     if app == "config":
         return "config"
+    bare = path.partition("?")[0]
+    if bare in TEI_PATHS:
+        return "tei"
+    if bare in COHERE_PATHS:
+        return "cohere"
     return "openai" if path.startswith(OPENAI_ROUTES) else "sie"
 
 
@@ -1061,6 +1097,195 @@ def test_fuzz_generation(open_stack: Stack, client: httpx.Client, data: st.DataO
     fire(client, t.gateway, "gateway", "POST", path, headers, body, chunked=data.draw(CHUNKED))
 
 
+# ------------------------------------------------------------------- drop-in routes
+
+#: a drop-in body's ``model`` (absent: the gateway's default, ``DEFAULT_MODELS``)
+DROPIN_MODELS = weighted(
+    (4, st.just(MINILM)),
+    (
+        2,
+        st.sampled_from(
+            [SPLADE, RAMPART, LLM, f"{MINILM}:default", f"{MINILM}:nope", "nope/none", ""]
+        ),
+    ),
+    (1, st.one_of(st.text(max_size=20), st.sampled_from(SURROGATES), st.none())),
+)
+
+
+def _with_model(doc: Any, model: Any) -> Any:
+    return {"model": model, **doc} if isinstance(doc, dict) and model is not None else doc
+
+
+def body_model(doc: st.SearchStrategy[Any], usual: str | None = None) -> st.SearchStrategy[Any]:
+    """``doc`` with a ``model`` key: ``usual`` mostly (None: no key, the gateway's
+    default), one of ``DROPIN_MODELS`` now and then."""
+    models = weighted((6, st.just(usual)), (3, DROPIN_MODELS), (1, st.none()))
+    return st.builds(_with_model, doc, models)
+
+
+#: a document object comes back whole with ``return_documents``: values JSON cannot
+#: carry (msgpack bytes and timestamps, JSON's escaped lone surrogates) included
+DOCUMENT = weighted(
+    (4, SHORT_TEXT),
+    (
+        1,
+        sparse_dict(
+            {"text": SHORT_TEXT},
+            optional={
+                "title": TEXT,
+                "id": SCALAR,
+                "meta": st.dictionaries(KEY, SCALAR, max_size=2),
+            },
+        ),
+    ),
+    (
+        1,
+        sparse_dict(
+            {"text": SHORT_TEXT},
+            optional={
+                "raw": st.one_of(MSGPACK_ONLY, st.sampled_from(SURROGATES)),
+                "\udc00": st.just(1),
+            },
+            max_optional=2,
+        ),
+    ),
+)
+RERANK_DOC = body_model(
+    sparse_dict(
+        {
+            "query": weighted((12, SHORT_TEXT), (1, st.just(Repeat("y", 1_000_001)))),
+            "documents": weighted(
+                (12, st.lists(DOCUMENT, min_size=1, max_size=4)),
+                (1, st.just([])),
+                (1, st.just(Repeat(["x"], 4097))),  # over max_items_per_request
+            ),
+            "return_documents": st.sampled_from([True, True, False, None]),
+        },
+        optional={
+            "top_n": st.one_of(st.integers(-2, 6), st.sampled_from(HUGE_INTS)),
+            "rank_fields": st.sampled_from([["text"], ["title"], [], ["text", "title"], "text"]),
+            "max_chunks_per_doc": st.sampled_from([1, 2, 0, -1, 2**64]),
+            "max_tokens_per_doc": st.sampled_from([256, 512, 4096, 1, 0, -1]),
+            "priority": st.one_of(st.integers(-5, 5), st.sampled_from(HUGE_INTS)),
+        },
+    )
+)
+TEI_INPUTS = weighted(
+    (3, SHORT_TEXT),
+    (4, st.lists(SHORT_TEXT, min_size=1, max_size=4)),
+    (1, st.sampled_from([[], [[101, 102]], [101, 102], ["a", 7], Repeat(["x"], 4097)])),
+    (1, st.just(Repeat("y", 1_000_001))),  # over max_text_chars
+)
+TEI_OPTIONS = {
+    "truncate": st.one_of(st.booleans(), st.none()),
+    "truncation_direction": st.sampled_from(["Right", "Left", "left", "right", "", "UP", None]),
+    "prompt_name": st.sampled_from(["query", "document", "passage", "Query", "", "nope", None]),
+}
+TEI_EMBED_OPTIONS = {
+    **TEI_OPTIONS,
+    "normalize": st.booleans(),
+    "dimensions": st.one_of(st.sampled_from([384, 128, 1, 0, -1, 385]), st.integers()),
+}
+#: the Inference API's wrapper: options inside ``parameters`` (given twice: 400)
+PARAMETERS = {
+    "parameters": sparse_dict(
+        {}, optional={"model": DROPIN_MODELS, **TEI_EMBED_OPTIONS}, max_optional=2
+    )
+}
+TEI_EMBED_DOC = body_model(
+    sparse_dict({"inputs": TEI_INPUTS}, optional={**TEI_EMBED_OPTIONS, **PARAMETERS})
+)
+TEI_SPARSE_DOC = body_model(
+    sparse_dict({"inputs": TEI_INPUTS}, optional={**TEI_OPTIONS, **PARAMETERS})
+)
+TEI_RERANK_DOC = body_model(
+    sparse_dict(
+        {
+            "query": SHORT_TEXT,
+            "texts": weighted((8, st.lists(SHORT_TEXT, min_size=1, max_size=4)), (1, st.just([]))),
+        },
+        optional={
+            **TEI_OPTIONS,
+            "raw_scores": st.booleans(),
+            "return_text": st.booleans(),
+            **PARAMETERS,
+        },
+    )
+)
+TEI_DOCS = {"/embed": TEI_EMBED_DOC, "/embed_sparse": TEI_SPARSE_DOC, "/rerank": TEI_RERANK_DOC}
+
+BODY_MODEL_DOCS = {
+    "/v1/encode": body_model(ENCODE_DOC, MINILM),
+    "/v1/score": body_model(SCORE_DOC, MINILM),
+    "/v1/extract": body_model(EXTRACT_DOC, RAMPART),
+}
+
+
+def _ranked(scores: list[float], where: str) -> None:
+    """Best first (docs/api.md §3)."""
+    assert all(math.isfinite(x) for x in scores), where
+    assert scores == sorted(scores, reverse=True), where
+
+
+def check_dropin_reply(resp: httpx.Response, path: str) -> None:
+    """The shape of a drop-in route's 200 (docs/api.md §15), whatever was asked."""
+    if resp.status_code != 200:
+        return
+    where = _where(resp, None)
+    got = resp.json()
+    if path in COHERE_PATHS:
+        indices = [r["index"] for r in got["results"]]
+        assert len(set(indices)) == len(indices), where
+        _ranked([r["relevance_score"] for r in got["results"]], where)
+    elif path == "/rerank":
+        assert len({r["index"] for r in got}) == len(got) >= 1, where
+        _ranked([r["score"] for r in got], where)
+    elif path == "/embed":
+        assert got and all(v and all(math.isfinite(x) for x in v) for v in got), where
+    elif path == "/embed_sparse":
+        for weights in got:
+            index = [w["index"] for w in weights]
+            assert index == sorted(set(index)), where
+
+
+@given(data=st.data())
+@fuzz_settings(120)
+def test_fuzz_dropin_rerank(open_stack: Stack, client: httpx.Client, data: st.DataObject) -> None:
+    """Cohere / Jina ``/v1/rerank`` and Cohere v2 ``/v2/rerank``."""
+    t = target(open_stack)
+    path = data.draw(st.sampled_from(sorted(COHERE_PATHS)))
+    body, ctype = data.draw(encoded(RERANK_DOC))
+    headers = {**data.draw(hostile_headers()), **ctype}
+    resp = fire(client, t.gateway, "gateway", "POST", path, headers, body)
+    check_dropin_reply(resp, path)
+
+
+@given(data=st.data())
+@fuzz_settings(200)
+def test_fuzz_dropin_tei(open_stack: Stack, client: httpx.Client, data: st.DataObject) -> None:
+    """TEI's ``/embed``, ``/embed_sparse`` and ``/rerank``."""
+    t = target(open_stack)
+    path = data.draw(st.sampled_from(sorted(TEI_DOCS)))
+    body, ctype = data.draw(encoded(TEI_DOCS[path]))
+    headers = {**data.draw(hostile_headers()), **ctype}
+    chunked = data.draw(CHUNKED)
+    resp = fire(client, t.gateway, "gateway", "POST", path, headers, body, chunked=chunked)
+    check_dropin_reply(resp, path)
+
+
+@given(data=st.data())
+@fuzz_settings(120)
+def test_fuzz_dropin_body_model(
+    open_stack: Stack, client: httpx.Client, data: st.DataObject
+) -> None:
+    """``/v1/encode``, ``/v1/score`` and ``/v1/extract`` with the model in the body."""
+    t = target(open_stack)
+    path = data.draw(st.sampled_from(sorted(BODY_MODEL_DOCS)))
+    body, ctype = data.draw(encoded(BODY_MODEL_DOCS[path]))
+    headers = {**data.draw(hostile_headers()), **ctype}
+    fire(client, t.gateway, "gateway", "POST", path, headers, body, chunked=data.draw(CHUNKED))
+
+
 # ------------------------------------------------------------ read and config routes
 
 GATEWAY_READS = [
@@ -1101,6 +1326,14 @@ GATEWAY_READS = [
     ("GET", "/docs"),
     ("GET", "/docs?token=x"),
     ("POST", "/openapi.json"),
+    # drop-in reads (docs/api.md §15), and methods the drop-in routes refuse
+    ("GET", "/version"),
+    ("GET", "/info"),
+    ("GET", "/info?model={m}"),
+    ("POST", "/version"),
+    ("GET", "/embed"),
+    ("PUT", "/v1/rerank"),
+    ("GET", "/v1/encode"),
 ]
 CONFIG_READS = [
     ("GET", "/v1/configs/models"),
@@ -1549,6 +1782,14 @@ POST_ROUTES = [
     ("gateway", "/v1/completions"),
     ("gateway", "/v1/generate/" + LLM),
     ("gateway", "/v1/configs/resolve"),
+    ("gateway", "/v1/rerank"),
+    ("gateway", "/v2/rerank"),
+    ("gateway", "/embed"),
+    ("gateway", "/embed_sparse"),
+    ("gateway", "/rerank"),
+    ("gateway", "/v1/encode"),
+    ("gateway", "/v1/score"),
+    ("gateway", "/v1/extract"),
     ("config", "/v1/configs/resolve"),
     ("config", "/v1/configs/models"),
 ]
@@ -1606,7 +1847,7 @@ RAW_CONTENT_TYPES = [
 
 
 @given(data=st.data())
-@fuzz_settings(300)
+@fuzz_settings(400)
 def test_fuzz_raw_bytes(open_stack: Stack, client: httpx.Client, data: st.DataObject) -> None:
     """Random bytes and hand-made malformed bodies on every POST route."""
     t = target(open_stack)
@@ -1637,11 +1878,16 @@ AUTH_BODIES = {
     "/v1/completions": COMPLETION_DOC,
     "/v1/generate/": NATIVE_DOC,
     "/v1/configs/resolve": RESOLVE_DOC,
+    **BODY_MODEL_DOCS,  # after "/v1/encode/" & co: the first prefix that matches wins
+    "/v1/rerank": RERANK_DOC,
+    "/v2/rerank": RERANK_DOC,
+    "/embed_sparse": TEI_SPARSE_DOC,  # before its prefix "/embed"
+    **TEI_DOCS,
 }
 
 
 @given(data=st.data())
-@fuzz_settings(300)
+@fuzz_settings(400)
 def test_fuzz_auth(secured_stack: Stack, client: httpx.Client, data: st.DataObject) -> None:
     """Every route of both apps under ``SIE_AUTH_MODE=token`` with Authorization variants."""
     t = target(secured_stack)
@@ -1662,6 +1908,9 @@ def test_fuzz_auth(secured_stack: Stack, client: httpx.Client, data: st.DataObje
     base = t.gateway if app == "gateway" else t.config
     resp = fire(client, base, app, method, path, headers, body)
     token = _bearer(headers.get("Authorization"))
+    bare, _, query = path.partition("?")
+    if bare in BROWSER_PATHS:  # a page a browser opens: ?token= when the header has none
+        token = _ws_token(headers, query)
     where = _where(resp, body)
     if path in ("/healthz", "/readyz"):
         assert resp.status_code not in (401, 403), where  # probes are always open

@@ -11,6 +11,8 @@ import pytest
 from openapi_spec_validator import validate
 from pydantic import BaseModel
 
+from sie.core.errors import InvalidInput
+from sie.engines.openai_params import parse_generation
 from sie.http.openapi import (
     ApiTable,
     Content,
@@ -95,6 +97,32 @@ def test_request_bodies_come_from_the_models_the_routes_validate_with() -> None:
     assert set(write["requestBody"]["content"]) == {"application/yaml", "application/json"}
     assert write["x-sie-auth"] == "admin" and write["security"] == [{"bearerAuth": []}]
     assert config["paths"]["/healthz"]["get"]["security"] == []
+
+
+def test_generation_bodies_document_the_model_as_the_routes_read_it() -> None:
+    """Chat and completions name the model in the body (the gateway answers 400
+    ``model: required`` without it); the native route names it in its path and refuses
+    it in the body (an unknown parameter): the schemas say the same."""
+    doc = build_document(gateway_table())
+    schemas = doc["components"]["schemas"]
+    for path, name, rest in (
+        ("/v1/chat/completions", "ChatBody", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/completions", "CompletionBody", {"prompt": "hi"}),
+    ):
+        body = doc["paths"][path]["post"]["requestBody"]
+        assert body["content"]["application/json"]["schema"]["$ref"].endswith(f"/{name}")
+        assert "model" in schemas[name]["required"], name
+        assert schemas[name]["properties"]["model"]["type"] == "string"
+        route = "chat" if name == "ChatBody" else "completions"
+        with pytest.raises(InvalidInput) as exc:
+            parse_generation(route, json.dumps(rest).encode(), "r")
+        assert exc.value.fields["field"] == "model"
+    native = schemas["NativeBody"]
+    assert "model" not in native["properties"] and native["additionalProperties"] is False
+    assert not native.get("required")
+    with pytest.raises(InvalidInput) as exc:
+        parse_generation("native", b'{"model": "m", "prompt": "hi"}', "r")
+    assert exc.value.fields["field"] == "model" and "unknown parameter" in exc.value.message
 
 
 def test_path_converters_become_plain_parameters() -> None:
