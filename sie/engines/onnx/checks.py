@@ -46,6 +46,7 @@ __all__ = [
     "Int8Quality",
     "check_int8",
     "check_parity",
+    "fractions_from_loadtime",
     "parity_probes",
     "row_cosines",
     "top_k_overlap",
@@ -227,21 +228,39 @@ class Int8Bounds:
     @classmethod
     def from_loadtime(cls, loadtime: Mapping[str, Any], sie_id: str) -> Int8Bounds:
         """Raises ModelLoadFailed (CONFIG, permanent) for a value not in 0..1."""
-        values = {}
-        for key, field in (
-            ("int8_min_cosine", "min_cosine"),
-            ("int8_mean_cosine", "mean_cosine"),
-            ("int8_min_top10", "top10_overlap"),
-        ):
-            v = loadtime.get(key, getattr(cls, field))
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:
-                raise ModelLoadFailed(
-                    f"model {sie_id!r}: loadtime.{key} must be a number in 0..1, got {v!r}",
-                    error_class="CONFIG",
-                    permanent=True,
-                )
-            values[field] = float(v)
-        return cls(**values)
+        return cls(
+            **fractions_from_loadtime(
+                loadtime,
+                sie_id,
+                {
+                    "int8_min_cosine": ("min_cosine", cls.min_cosine),
+                    "int8_mean_cosine": ("mean_cosine", cls.mean_cosine),
+                    "int8_min_top10": ("top10_overlap", cls.top10_overlap),
+                },
+            )
+        )
+
+
+def fractions_from_loadtime(
+    loadtime: Mapping[str, Any], sie_id: str, keys: Mapping[str, tuple[str, float]]
+) -> dict[str, float]:
+    """``{field: value}`` for ``keys`` (loadtime option → (field, default)), each a
+    number in 0..1 (the int8 bounds' options).
+
+    Raises:
+        ModelLoadFailed: (CONFIG, permanent) a value that is not a number in 0..1.
+    """
+    values = {}
+    for key, (field, default) in keys.items():
+        v = loadtime.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:
+            raise ModelLoadFailed(
+                f"model {sie_id!r}: loadtime.{key} must be a number in 0..1, got {v!r}",
+                error_class="CONFIG",
+                permanent=True,
+            )
+        values[field] = float(v)
+    return values
 
 
 def check_int8(sie_id: str, fp32: np.ndarray, int8: np.ndarray, bounds: Int8Bounds) -> Int8Quality:

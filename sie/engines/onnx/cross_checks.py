@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from sie.core.errors import ModelLoadFailed
+from sie.engines.onnx.checks import fractions_from_loadtime
 
 __all__ = [
     "GATE_QUERIES",
@@ -202,21 +203,17 @@ class ScoreInt8Bounds:
     @classmethod
     def from_loadtime(cls, loadtime: Mapping[str, Any], sie_id: str) -> ScoreInt8Bounds:
         """Raises ModelLoadFailed (CONFIG, permanent) for a value not in 0..1."""
-        values = {}
-        for key, field in (
-            ("int8_max_score_diff", "max_diff"),
-            ("int8_min_spearman", "min_spearman"),
-            ("int8_min_top10", "top10_overlap"),
-        ):
-            v = loadtime.get(key, getattr(cls, field))
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:
-                raise ModelLoadFailed(
-                    f"model {sie_id!r}: loadtime.{key} must be a number in 0..1, got {v!r}",
-                    error_class="CONFIG",
-                    permanent=True,
-                )
-            values[field] = float(v)
-        return cls(**values)
+        return cls(
+            **fractions_from_loadtime(
+                loadtime,
+                sie_id,
+                {
+                    "int8_max_score_diff": ("max_diff", cls.max_diff),
+                    "int8_min_spearman": ("min_spearman", cls.min_spearman),
+                    "int8_min_top10": ("top10_overlap", cls.top10_overlap),
+                },
+            )
+        )
 
 
 def check_score_int8(
