@@ -79,7 +79,16 @@ def test_score_ranks_best_first(stack: Stack) -> None:
     assert [s["item_id"] for s in doc["scores"]] == ["1"]
 
 
-def test_config_apply_then_status(stack: Stack, tmp_path: Path) -> None:
+@pytest.fixture
+def own_stack() -> Iterator[Stack]:
+    """A stack of its own: the config written here must not show in the shared stack's
+    model list (tests/integration/test_encode_http.py lists it exactly)."""
+    with run_stack() as s:
+        yield s
+
+
+def test_config_apply_then_status(own_stack: Stack, tmp_path: Path) -> None:
+    stack = own_stack
     path = tmp_path / "profile.yaml"
     path.write_text(
         f"sie_id: {MINILM}\nprofiles:\n  clitest:\n    extends: default\n    max_batch_tokens: 256\n"
