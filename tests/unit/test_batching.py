@@ -7,7 +7,7 @@ from collections.abc import Hashable, Sequence
 import anyio
 import pytest
 
-from sie.engines.runtime.batching import TokenBudgetBatcher
+from sie.engines.runtime.batching import ItemFailure, TokenBudgetBatcher
 
 pytestmark = pytest.mark.anyio
 
@@ -86,6 +86,30 @@ async def test_engine_error_reaches_every_item_of_the_group() -> None:
         with pytest.raises(RuntimeError, match="kaput"):
             await b.submit("x", 1)
         tg.cancel_scope.cancel()
+
+
+async def test_an_item_failure_fails_only_its_own_item() -> None:
+    def picky(key: Hashable, payloads: Sequence[str]) -> list[object]:
+        return [ItemFailure(ValueError(p)) if p.startswith("bad") else p.upper() for p in payloads]
+
+    b = TokenBudgetBatcher(picky, max_batch_tokens=100, max_wait_s=0.05)
+    outcomes: dict[str, object] = {}
+    async with anyio.create_task_group() as tg:
+        await tg.start(b.run)
+
+        async def one(text: str) -> None:
+            try:
+                outcomes[text], _ = await b.submit(text, 1)
+            except ValueError as exc:
+                outcomes[text] = exc
+
+        async with anyio.create_task_group() as inner:
+            for text in ("a", "bad1", "b", "bad2"):
+                inner.start_soon(one, text)
+        tg.cancel_scope.cancel()
+    assert outcomes["a"] == "A" and outcomes["b"] == "B"
+    assert isinstance(outcomes["bad1"], ValueError) and str(outcomes["bad1"]) == "bad1"
+    assert isinstance(outcomes["bad2"], ValueError) and str(outcomes["bad2"]) == "bad2"
 
 
 async def test_cancelled_items_are_dropped_before_the_engine() -> None:

@@ -42,7 +42,13 @@ from sie.engines.onnx.checks import (
     parity_probes,
 )
 from sie.engines.onnx.graphs import export_module, fp32_graph, int8_graph, precision
-from sie.engines.onnx.runtime import INPUT_NAMES, Sessions, TextInputs, Texts
+from sie.engines.onnx.runtime import (
+    INPUT_NAMES,
+    INT8_PARALLEL_MIN_TOKENS,
+    Sessions,
+    TextInputs,
+    Texts,
+)
 from sie.engines.options import loadtime_positive_int
 from sie.engines.runtime.batching import plan_padding_chunks
 from sie.engines.runtime.threads import cpu_cores
@@ -183,7 +189,9 @@ class OnnxEncoderBase:
         if self.precision == "int8":
             want = self._gate_vectors(list(INT8_PROBES))
             path = int8_graph(fp32, shipped, self.model_cache_dir, sie_id)
-            self._sessions, self._per_text = Sessions(path, self.device, threads), True
+            self._sessions.close()  # the float32 sessions served the parity check only
+            self._sessions = Sessions(path, self.device, threads, INT8_PARALLEL_MIN_TOKENS)
+            self._per_text = True
             got = probe_loaded(
                 self.config, self.task, lambda: self._gate_vectors(list(INT8_PROBES))
             )
@@ -199,6 +207,8 @@ class OnnxEncoderBase:
         )
 
     def unload(self) -> None:
+        if self._sessions is not None:
+            self._sessions.close()
         self._inputs = None
         self._sessions = None
 

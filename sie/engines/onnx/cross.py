@@ -149,8 +149,9 @@ class OnnxCrossEncoderScorer(OnnxEncoderBase):
             raise InferenceError(f"model {self.config.sie_id!r}: not loaded for pairs")
         rows = inputs.rows(pairs)
         out = np.empty(len(rows), dtype=np.float32)
-        for chunk in self._chunks(pairs, [len(ids) for ids, _ in rows]):
-            logits = sessions.run(inputs.pad([rows[i] for i in chunk]))
+        chunks = self._chunks(pairs, [len(ids) for ids, _ in rows])
+        passes = [inputs.pad([rows[i] for i in chunk]) for chunk in chunks]
+        for chunk, logits in zip(chunks, sessions.run_all(passes), strict=True):
             if logits.ndim != 2 or logits.shape != (len(chunk), 1):
                 raise InferenceError(
                     f"the cross-encoder graph returned logits of shape {logits.shape} for "

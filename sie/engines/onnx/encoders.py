@@ -122,9 +122,10 @@ class OnnxDenseEncoder(OnnxEncoderBase):
         want_multi = "multivector" in output_types
         dense = np.empty((len(texts), self.dim), dtype=np.float32)
         multi: list[np.ndarray] = [np.empty((0, self.dim), dtype=np.float32)] * len(texts)
-        for chunk in self._chunks(texts, lengths):
-            feats = inputs.features([texts[i] for i in chunk])
-            hidden = sessions.run(feats).astype(np.float32, copy=False)
+        chunks = self._chunks(texts, lengths)
+        passes = [inputs.features([texts[i] for i in chunk]) for chunk in chunks]
+        for chunk, feats, out_ in zip(chunks, passes, sessions.run_all(passes), strict=True):
+            hidden = out_.astype(np.float32, copy=False)
             mask = feats["attention_mask"]
             if self._pipeline.pooling == "cls":
                 pooled = hidden[:, 0]

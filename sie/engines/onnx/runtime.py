@@ -11,14 +11,24 @@ concurrent calls are safe. ``prepare`` renders templates and bounds long inputs 
 
 ``Sessions``: ``onnxruntime.InferenceSession``s of one graph, graph optimisation
 ``ORT_ENABLE_ALL``, ``CPUExecutionProvider`` (``CUDAExecutionProvider`` first when the
-device is ``cuda[:n]`` and onnxruntime has it). On a CPU the intra-op threads are
-split among the calls in flight, as the worker does for torch
-(``sie.engines.runtime.threads``): a call runs on a session with
-``max(1, cores // calls of this graph in flight)`` threads, so a lone call gets every
-core and overlapping calls one each (on 2 cores two 1-thread MiniLM calls encoded
-1.2-1.3x more sentences/s than one 2-thread call). A session per thread count: ``cores``
-and ``cores // 2`` are built at load, others on first use; each holds its own copy of
-the weights (``nbytes`` counts them all).
+device is ``cuda[:n]`` and onnxruntime has it). On a CPU the cores are split among the
+engine calls of this graph in flight, as the worker does for torch
+(``sie.engines.runtime.threads``): each call's share is ``max(1, cores // calls)``
+(on 2 cores two 1-thread MiniLM calls encoded 1.2-1.3x more sentences/s than one
+2-thread call). Within its share a call spends its cores one of two ways
+(docs/performance.md "Threads per session run"):
+
+- a forward pass of at least ``parallel_min_tokens`` tokens (rows x sequence) runs on
+  a session with the whole share as intra-op threads;
+- smaller passes run on a 1-thread session, and the call's passes are spread over its
+  share of cores (``run_all``: lanes on a small thread pool), because intra-op threads
+  cost more than they save on a small pass. Measured on 2 cores (MiniLM, one pass):
+  float32 gains from a second thread only from about 24 tokens (1.3x at 37, 1.4x at
+  226; 0.96x for one 10-token text); dynamically quantised int8 loses with it up to
+  about 190 tokens (0.69x at 10 tokens, 0.85x at 75, 1.08x at 226).
+
+A session per thread count, built on first use (1 and ``cores`` at load on a CPU);
+each holds its own copy of the weights (``nbytes`` counts them all).
 
 Intra-op threads do not spin while they wait for work
 (``session.intra_op.allow_spinning = 0``): a spinning pool thread takes a core from the
@@ -33,6 +43,7 @@ import json
 import logging
 import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +54,27 @@ from sie.core.templates import render_input
 from sie.engines.runtime.threads import cpu_cores
 from sie.engines.truncation import apply_truncation
 
-__all__ = ["INPUT_NAMES", "Sessions", "TextInputs", "Texts", "import_onnx_stack"]
+__all__ = [
+    "FLOAT_PARALLEL_MIN_TOKENS",
+    "INPUT_NAMES",
+    "INT8_PARALLEL_MIN_TOKENS",
+    "Sessions",
+    "TextInputs",
+    "Texts",
+    "import_onnx_stack",
+]
 
 log = logging.getLogger(__name__)
 
 #: The inputs an encoder graph may take (int64 ``[batch, seq]``), in export order.
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+
+#: Tokens (rows x sequence) from which a float32 forward pass runs on several intra-op
+#: threads (module docstring: measured crossover about 24 on 2 cores).
+FLOAT_PARALLEL_MIN_TOKENS = 24
+
+#: The same for a dynamically quantised int8 graph (crossover about 190).
+INT8_PARALLEL_MIN_TOKENS = 192
 
 #: What the tokenisation takes: single texts, or ``(query, doc)`` pairs.
 Texts = Sequence[str] | Sequence[tuple[str, str]]
@@ -192,23 +218,34 @@ class Sessions:
         path: the ``.onnx`` file.
         device: ``cpu`` or ``cuda[:n]``.
         max_threads: the cores to share (default: this process's, ``cpu_cores()``).
+        parallel_min_tokens: the smallest forward pass (rows x sequence tokens) that
+            runs on more than one intra-op thread (``FLOAT_PARALLEL_MIN_TOKENS``,
+            ``INT8_PARALLEL_MIN_TOKENS``).
 
     Raises:
         ModelLoadFailed: (UNKNOWN, permanent) onnxruntime cannot load the graph.
     """
 
-    def __init__(self, path: Path, device: str = "cpu", max_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        device: str = "cpu",
+        max_threads: int | None = None,
+        parallel_min_tokens: int = FLOAT_PARALLEL_MIN_TOKENS,
+    ) -> None:
         self._ort, _ = import_onnx_stack()
         self.path = path
         self.device = device
         self.max_threads = max(1, max_threads or cpu_cores())
+        self.parallel_min_tokens = max(1, parallel_min_tokens)
         self._providers = self._pick_providers(device)
         self._lock = threading.Lock()
-        self._running = 0
+        self._calls = 0
         self._by_threads: dict[int, Any] = {}
+        self._lanes: ThreadPoolExecutor | None = None
         first = self._session(self.max_threads)
         if self._on_cpu:
-            self._session(max(1, self.max_threads // 2))
+            self._session(1)
         self.input_names = tuple(i.name for i in first.get_inputs())
         self.output_names = tuple(o.name for o in first.get_outputs())
 
@@ -261,23 +298,79 @@ class Sessions:
         return size * max(1, len(self._by_threads))
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
-        """The graph's first output for ``feeds`` (only the inputs the graph takes are
-        passed), on a session sized to the calls in flight.
+        """The graph's first output for ``feeds`` (``run_all`` of one pass).
+
+        Raises:
+            InferenceError: onnxruntime failed.
+        """
+        return self.run_all([feeds])[0]
+
+    def run_all(self, passes: Sequence[Mapping[str, np.ndarray]]) -> list[np.ndarray]:
+        """The graph's first output for each forward pass's ``feeds`` (only the inputs
+        the graph takes are passed), in order: one engine call. Passes of at least
+        ``parallel_min_tokens`` tokens run one after another on the call's share of
+        cores as intra-op threads; smaller ones on 1-thread sessions, spread over the
+        share in lanes (module docstring).
 
         Raises:
             InferenceError: onnxruntime failed.
         """
         with self._lock:
-            self._running += 1
-            threads = max(1, self.max_threads // self._running)
+            self._calls += 1
+            share = max(1, self.max_threads // self._calls) if self._on_cpu else 1
         try:
-            session = self._session(threads)
-            inputs = {n: feeds[n] for n in self.input_names}
-            return np.asarray(session.run(self.output_names[:1], inputs)[0])
+            out: list[np.ndarray | None] = [None] * len(passes)
+            small = [
+                i for i, f in enumerate(passes) if f["input_ids"].size < self.parallel_min_tokens
+            ]
+            big = [
+                i for i, f in enumerate(passes) if f["input_ids"].size >= self.parallel_min_tokens
+            ]
+            for i in big:
+                out[i] = self._run(self._session(share), passes[i])
+            if small:
+                single = self._session(1)
+                lanes = min(share, len(small))
+                if lanes == 1:
+                    for i in small:
+                        out[i] = self._run(single, passes[i])
+                else:
+
+                    def lane(idx: list[int]) -> None:
+                        for i in idx:
+                            out[i] = self._run(single, passes[i])
+
+                    pool = self._lane_pool()
+                    rest = [pool.submit(lane, small[k::lanes]) for k in range(1, lanes)]
+                    lane(small[0::lanes])  # the calling thread is lane 0
+                    for f in rest:
+                        f.result()
+            return [o for o in out if o is not None]
         except ModelLoadFailed as exc:
             raise InferenceError(f"encode failed: {exc.message}") from exc
+        except InferenceError:
+            raise
         except Exception as exc:
             raise InferenceError(f"encode failed: {type(exc).__name__}: {exc}") from exc
         finally:
             with self._lock:
-                self._running -= 1
+                self._calls -= 1
+
+    def _run(self, session: Any, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+        inputs = {n: feeds[n] for n in self.input_names}
+        return np.asarray(session.run(self.output_names[:1], inputs)[0])
+
+    def _lane_pool(self) -> ThreadPoolExecutor:
+        """Threads for a call's extra lanes (``max_threads - 1``, made on first use)."""
+        with self._lock:
+            if self._lanes is None:
+                self._lanes = ThreadPoolExecutor(
+                    max(1, self.max_threads - 1), thread_name_prefix="sie-onnx-lane"
+                )
+            return self._lanes
+
+    def close(self) -> None:
+        """Stop the lane threads (the sessions go with the object)."""
+        if self._lanes is not None:
+            self._lanes.shutdown(wait=False)
+            self._lanes = None

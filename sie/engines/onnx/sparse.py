@@ -127,8 +127,10 @@ class OnnxSparseEncoder(OnnxEncoderBase):
         """``[len(texts), vocab]`` SPLADE weights (dense), in input order."""
         inputs, sessions = self._loaded()
         rows = np.empty((len(texts), self._dim), dtype=np.float32)
-        for chunk in self._chunks(texts, lengths):
-            rows[chunk] = sessions.run(inputs.features([texts[i] for i in chunk]))
+        chunks = self._chunks(texts, lengths)
+        passes = [inputs.features([texts[i] for i in chunk]) for chunk in chunks]
+        for chunk, out in zip(chunks, sessions.run_all(passes), strict=True):
+            rows[chunk] = out
         return rows
 
     def _check_outputs(self, texts: list[str]) -> dict[str, Any]:

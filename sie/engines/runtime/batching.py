@@ -37,7 +37,7 @@ from opentelemetry import trace
 
 from sie.telemetry import tracer
 
-__all__ = ["BatchStats", "TokenBudgetBatcher", "plan_padding_chunks"]
+__all__ = ["BatchStats", "ItemFailure", "TokenBudgetBatcher", "plan_padding_chunks"]
 
 P = TypeVar("P")
 R = TypeVar("R")
@@ -61,6 +61,15 @@ class _Pending(Generic[P, R]):
 
 
 @dataclass(slots=True)
+class ItemFailure:
+    """A ``run_batch`` result that fails its own item only: its submitter gets
+    ``error`` raised while the rest of the batch succeeds (an input the engine call
+    refused, e.g. an over-long text with ``truncate: false``)."""
+
+    error: BaseException
+
+
+@dataclass(slots=True)
 class BatchStats:
     """Timings for one submitted item. All values in seconds."""
 
@@ -74,7 +83,8 @@ class TokenBudgetBatcher(Generic[P, R]):
 
     Args:
         run_batch: ``(key, payloads) -> results`` (same length and order); runs on
-            a worker thread; may raise (every item of the group gets the error).
+            a worker thread; may raise (every item of the group gets the error), or
+            fail single items by returning an ``ItemFailure`` in their place.
         max_batch_tokens: cost budget per batch (sum of item costs; >= 1 item always).
         max_batch_requests: item cap per batch.
         max_wait_s: longest time the oldest item waits for company (seconds).
@@ -288,7 +298,10 @@ class TokenBudgetBatcher(Generic[P, R]):
             if self._on_batch is not None:
                 self._on_batch(len(items), sum(p.cost for p in items), elapsed)
             for p, r in zip(items, results, strict=True):
-                p.result = r
+                if isinstance(r, ItemFailure):
+                    p.error = r.error
+                else:
+                    p.result = r
                 p.inference_s = elapsed
                 p.batch_size = len(items)
                 p.done.set()

@@ -4,13 +4,18 @@
 token-budget batcher so concurrent requests share engine calls. Items are grouped
 by a config key and one engine call runs per group (docs/api.md §10):
 
-- encode ``("encode", output types, options)``; payload ``(text, options, tokens)``;
+- encode ``("encode", output types, options)``; payload ``(text, options, instruction)``:
+  the engine call prepares the group's texts (templates, clipping, token counts:
+  ``EncodeEngine.prepare``) in one go on its own thread, then encodes them, so no
+  tokeniser runs on the event loop (docs/performance.md "Where the time goes");
 - score ``("score", instruction, options)``; payload ``(pairs, options)``: every
   ``(query, doc)`` pair of the group goes to one engine call;
 - extract ``("extract", labels, options)``; payload ``(text, labels, options)``.
 
-Instruction and ``is_query`` are rendered into the encode text before batching, so
-they need no key of their own. Results (msgpack maps, numpy arrays inside):
+``is_query`` is part of the encode key; instructions may differ inside a group (the
+engine call prepares each instruction's texts together). A text the preparation
+refuses (``truncate: false`` on an over-long input) fails its own item only
+(``sie.engines.runtime.batching.ItemFailure``). Results (msgpack maps, numpy arrays inside):
 
 - encode: ``{"dense": {dims, dtype, values}, "sparse": {dims, dtype, indices, values},
   "multivector": {token_dims, num_tokens, dtype, values}}`` for the requested types,
@@ -22,7 +27,6 @@ they need no key of their own. Results (msgpack maps, numpy arrays inside):
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,13 +42,15 @@ from sie.core.registry import ModelEntry
 from sie.core.wire import WorkItem
 from sie.engines.base import Engine, is_encoder, is_extractor, is_scorer
 from sie.engines.encoders.quantize import check_output_dtype, quantize, quantize_sparse
+from sie.engines.runtime.batching import ItemFailure
 from sie.engines.runtime.cache import LoadedModel
 from sie.engines.runtime.oom import split_on_oom
 
 __all__ = ["TaskOutcome", "engine_batch_fn", "freeze", "run_task"]
 
-#: Texts up to this many characters are tokenised inline (microseconds); longer ones in a thread.
-INLINE_PREPARE_CHARS = 2048
+#: Characters per token of the batch cost estimate of an encode text (its exact count is
+#: known only once the engine call has tokenised it).
+CHARS_PER_TOKEN = 4
 
 #: Candidates per batcher submission of a score request.
 SCORE_CHUNK_PAIRS = 32
@@ -96,14 +102,7 @@ def engine_batch_fn(engine: Engine) -> Callable[[Hashable, Sequence[Any]], list[
     def run(key: Hashable, payloads: Sequence[Any]) -> list[Any]:
         kind = cast(tuple[Any, ...], key)[0]
         if kind == "encode" and is_encoder(engine):
-            output_types = cast(tuple[Any, ...], key)[1]
-            out = engine.encode(
-                [p[0] for p in payloads],
-                output_types=output_types,
-                options=payloads[0][1],
-                lengths=[p[2] for p in payloads],
-            )
-            return [{k: v[i] for k, v in out.items()} for i in range(len(payloads))]
+            return _encode_group(engine, cast(tuple[Any, ...], key)[1], payloads)
         if kind == "score" and is_scorer(engine):
             instruction = cast(tuple[Any, ...], key)[1]
             pairs = [pair for p in payloads for pair in p[0]]
@@ -123,6 +122,66 @@ def engine_batch_fn(engine: Engine) -> Callable[[Hashable, Sequence[Any]], list[
         raise InvalidInput(f"unknown task {kind!r}", field="operation")
 
     return split_on_oom(run)
+
+
+@dataclass(slots=True)
+class Encoded:
+    """One encode item's outputs (``{type: value}``), its token count after truncation
+    and the seconds its group's preparation took."""
+
+    outputs: dict[str, Any]
+    tokens: int
+    prepare_s: float
+
+
+def _encode_group(
+    engine: Any, output_types: tuple[str, ...], payloads: Sequence[Any]
+) -> list[Encoded | ItemFailure]:
+    """Prepare (``EncodeEngine.prepare``, one call per instruction) and encode one
+    batch group, on the engine's thread. A preparation that refuses a text is retried
+    text by text so that only the refused items fail."""
+    options = payloads[0][1]  # the same for the whole group: the key freezes them
+    is_query = bool(options.get("is_query", False))
+    t0 = time.monotonic()
+    prepared: list[tuple[str, int] | InvalidInput] = [("", 0)] * len(payloads)
+    by_instruction: dict[str | None, list[int]] = {}
+    for i, p in enumerate(payloads):
+        by_instruction.setdefault(p[2], []).append(i)
+    for instruction, idx in by_instruction.items():
+
+        def prep(texts: list[str], instruction: str | None = instruction) -> Any:
+            return engine.prepare(
+                texts, instruction=instruction, is_query=is_query, options=options
+            )
+
+        try:
+            texts, counts = prep([payloads[i][0] for i in idx])
+            for j, i in enumerate(idx):
+                prepared[i] = (texts[j], counts[j])
+        except InvalidInput:
+            for i in idx:
+                try:
+                    one, count = prep([payloads[i][0]])
+                    prepared[i] = (one[0], count[0])
+                except InvalidInput as exc:
+                    prepared[i] = exc
+    prepare_s = time.monotonic() - t0
+    results: list[Encoded | ItemFailure] = [
+        ItemFailure(p) if isinstance(p, InvalidInput) else Encoded({}, p[1], prepare_s)
+        for p in prepared
+    ]
+    ok = [i for i, p in enumerate(prepared) if not isinstance(p, InvalidInput)]
+    if ok:
+        ready = cast(list[tuple[str, int]], [prepared[i] for i in ok])
+        out = engine.encode(
+            [t for t, _ in ready],
+            output_types=output_types,
+            options=options,
+            lengths=[n for _, n in ready],
+        )
+        for j, i in enumerate(ok):
+            cast(Encoded, results[i]).outputs = {k: v[j] for k, v in out.items()}
+    return results
 
 
 def _options(item: WorkItem, entry: ModelEntry) -> dict[str, Any]:
@@ -195,30 +254,22 @@ async def _encode(item: WorkItem, entry: ModelEntry, loaded: LoadedModel) -> Tas
     # is_query stays visible to the engine (SPLADE encodes queries and documents
     # differently) and splits batch groups (docs/api.md §10 key)
     engine_options = {**_engine_options(options), "is_query": is_query}
-    t_tok = time.monotonic()
-    prep = functools.partial(
-        engine.prepare,
-        [text],
-        instruction=instruction,
-        is_query=is_query,
-        options=engine_options,
+    key = ("encode", output_types, freeze(engine_options))
+    # a cost estimate for the batch budget; the engine call counts the tokens
+    cost = min(
+        (len(text) + len(instruction or "")) // CHARS_PER_TOKEN + 2, loaded.batcher.max_batch_tokens
     )
     try:
-        if len(text) + len(instruction or "") <= INLINE_PREPARE_CHARS:
-            texts, counts = prep()
-        else:  # long input: tokenise off the event loop (and off the inference thread)
-            texts, counts = await anyio.to_thread.run_sync(prep)
+        encoded, stats = await loaded.batcher.submit(
+            (text, engine_options, instruction), cost, key, item.request_id
+        )
     except InvalidInput as exc:  # e.g. truncate: false and too long: name the item
         if exc.fields.get("field") == "text":
             where = f"items[{item.item_index}].text"
             exc.fields["field"], exc.message = where, f"{where}: {exc.message}"
         raise
-    tokens = counts[0]
-    tokenization_ms = (time.monotonic() - t_tok) * 1000.0
-    key = ("encode", output_types, freeze(engine_options))
-    vectors, stats = await loaded.batcher.submit(
-        (texts[0], engine_options, tokens), tokens, key, item.request_id
-    )
+    vectors, tokens = encoded.outputs, encoded.tokens
+    tokenization_ms = encoded.prepare_s * 1000.0
     dims = entry.config.dims
     blob: dict[str, Any] = {}
     for t in output_types:
@@ -243,7 +294,8 @@ async def _encode(item: WorkItem, entry: ModelEntry, loaded: LoadedModel) -> Tas
                 "indices": np.asarray(indices, dtype=np.int32),
                 "values": values,
             }
-    return TaskOutcome(blob, stats.inference_s * 1000.0, tokenization_ms, tokens)
+    inference_ms = max(0.0, stats.inference_s * 1000.0 - tokenization_ms)  # the call prepared too
+    return TaskOutcome(blob, inference_ms, tokenization_ms, tokens)
 
 
 async def _score(item: WorkItem, entry: ModelEntry, loaded: LoadedModel) -> TaskOutcome:
