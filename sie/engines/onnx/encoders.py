@@ -123,7 +123,7 @@ class OnnxDenseEncoder(OnnxEncoderBase):
         dense = np.empty((len(texts), self.dim), dtype=np.float32)
         multi: list[np.ndarray] = [np.empty((0, self.dim), dtype=np.float32)] * len(texts)
         chunks = self._chunks(texts, lengths)
-        passes = [inputs.features([texts[i] for i in chunk]) for chunk in chunks]
+        passes = inputs.passes(texts, chunks)
         for chunk, feats, out_ in zip(chunks, passes, sessions.run_all(passes), strict=True):
             hidden = out_.astype(np.float32, copy=False)
             mask = feats["attention_mask"]

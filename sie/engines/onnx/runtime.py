@@ -58,6 +58,7 @@ __all__ = [
     "FLOAT_PARALLEL_MIN_TOKENS",
     "INPUT_NAMES",
     "INT8_PARALLEL_MIN_TOKENS",
+    "Feeds",
     "Sessions",
     "TextInputs",
     "Texts",
@@ -78,6 +79,9 @@ INT8_PARALLEL_MIN_TOKENS = 192
 
 #: What the tokenisation takes: single texts, or ``(query, doc)`` pairs.
 Texts = Sequence[str] | Sequence[tuple[str, str]]
+
+#: One forward pass's inputs: int64 ``[rows, seq]`` per input name.
+Feeds = dict[str, np.ndarray]
 
 
 def import_onnx_stack() -> tuple[Any, Any]:
@@ -130,7 +134,8 @@ class TextInputs:
                 permanent=True,
             )
         try:
-            counter, batcher = (
+            counter, batcher, single = (
+                tokenizer_cls.from_file(str(path)),
                 tokenizer_cls.from_file(str(path)),
                 tokenizer_cls.from_file(str(path)),
             )
@@ -151,11 +156,14 @@ class TextInputs:
             pad_id = batcher.token_to_id(pad_token) or 0
         batcher.enable_truncation(max_length=window)
         batcher.enable_padding(pad_id=pad_id, pad_token=pad_token)  # to the batch's longest
+        single.enable_truncation(max_length=window)
+        single.no_padding()  # one text per forward pass: nothing to pad
         self.window = window
         self.lowercase = lowercase
         self.names = tuple(names)
         self._counter = counter
         self._batcher = batcher
+        self._single = single
 
     def _lowered(self, texts: Texts) -> list[Any]:
         """``texts`` as the tokenizer takes them (lower-cased when the pipeline says so)."""
@@ -172,6 +180,24 @@ class TextInputs:
             "token_type_ids": [e.type_ids for e in encs],
         }
         return {n: np.asarray(fields[n], dtype=np.int64) for n in self.names}
+
+    def passes(self, texts: Sequence[str], chunks: Sequence[Sequence[int]]) -> list[Feeds]:
+        """The graph's inputs for each chunk of ``texts`` (indices): ``features`` of the
+        chunk's texts. When every chunk is one text (int8: one text per forward pass) all
+        texts are tokenised in one call, each unpadded: one trip out of and back into
+        the GIL for the whole engine call instead of one per text."""
+        if not all(len(c) == 1 for c in chunks):
+            return [self.features([texts[i] for i in chunk]) for chunk in chunks]
+        encs = self._single.encode_batch(self._lowered([texts[c[0]] for c in chunks]))
+        out: list[Feeds] = []
+        for e in encs:
+            fields = {
+                "input_ids": e.ids,
+                "attention_mask": e.attention_mask,
+                "token_type_ids": e.type_ids,
+            }
+            out.append({n: np.asarray([fields[n]], dtype=np.int64) for n in self.names})
+        return out
 
     def counts(self, texts: Texts) -> list[int]:
         """Each text's (or pair's) token count after truncation to the window (>= 1)."""

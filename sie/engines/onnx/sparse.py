@@ -128,7 +128,7 @@ class OnnxSparseEncoder(OnnxEncoderBase):
         inputs, sessions = self._loaded()
         rows = np.empty((len(texts), self._dim), dtype=np.float32)
         chunks = self._chunks(texts, lengths)
-        passes = [inputs.features([texts[i] for i in chunk]) for chunk in chunks]
+        passes = inputs.passes(texts, chunks)
         for chunk, out in zip(chunks, sessions.run_all(passes), strict=True):
             rows[chunk] = out
         return rows
