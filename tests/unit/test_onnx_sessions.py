@@ -101,3 +101,18 @@ def test_a_failed_pass_is_an_inference_error(loaded: Any) -> None:
     with pytest.raises(InferenceError):
         s.run_all([_pass(inputs, 3), bad])
     s.close()
+
+
+def test_one_text_passes_are_tokenised_together_as_features_would(loaded: Any) -> None:
+    inputs, _ = loaded
+    texts = ["a", "a longer text of several words", " ".join(WORDS * 80), "mid size text"]
+    singles = inputs.passes(texts, [[i] for i in range(len(texts))])
+    for text, got in zip(texts, singles, strict=True):
+        want = inputs.features([text])
+        assert got.keys() == want.keys()
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])
+            assert got[name].dtype == np.int64
+    assert singles[2]["input_ids"].shape[1] == inputs.window  # truncated to the window
+    chunked = inputs.passes(texts, [[0, 1], [2, 3]])
+    np.testing.assert_array_equal(chunked[1]["input_ids"], inputs.features(texts[2:])["input_ids"])
