@@ -142,9 +142,10 @@ class ServeSettings(BaseModel):
     ack_wait_s: float = Field(default=5.0, gt=0)
     max_deliver: int = 20
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
-    # The worker's inference thread takes the GIL back between tensor ops; Python's
-    # default 5 ms switch interval stalls each such hand-over behind the event loop.
-    gil_switch_interval_ms: float = Field(default=0.5, gt=0, le=100)
+    # The worker's inference threads take the GIL back between tensor ops and after
+    # each ONNX pass; Python's default 5 ms switch interval stalls each such hand-over
+    # behind the event loop (docs/performance.md "GIL switch interval").
+    gil_switch_interval_ms: float = Field(default=0.1, gt=0, le=100)
     log_level: str = "INFO"
     # observability (docs/observability.md): JSON log lines, the share of successful
     # requests with an access line, span export (with an OTLP endpoint, OTEL_* vars)
