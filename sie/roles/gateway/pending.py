@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import time
 
+import anyio
+
 from sie.core.errors import SieError
 from sie.core.subjects import stream_name
 from sie.settings_views import BusSettings
@@ -36,6 +38,7 @@ class StreamPending:
         self._unpublished: dict[str, int] = {}
         self._unread_published: dict[str, int] = {}
         self._streams: set[str] = set()
+        self._locks: dict[str, anyio.Lock] = {}
 
     async def count(self, pool: str) -> int:
         """Items in ``pool``'s stream, plus those published since the reading and those
@@ -62,22 +65,34 @@ class StreamPending:
         self._readings.clear()
 
     async def _reading(self, pool: str) -> int:
-        now = time.monotonic()
+        """The broker's count, read by one coroutine at a time per pool: concurrent
+        readers each subtracting the same snapshot of the published count would push
+        it ever further off, round after round (a burst of requests on a stale reading
+        once made a gateway see 100,000 stored items in a stream holding a few)."""
         cached = self._readings.get(pool)
-        if cached is not None and now - cached[1] < READING_TTL_S:
+        if cached is not None and time.monotonic() - cached[1] < READING_TTL_S:
             return cached[0]
-        published = self._unread_published.get(pool, 0)
-        try:
-            count = (await self.bus.stream_info(stream_name(pool))).messages
-        except NoStreamError:
-            count = 0
-        except SieError as exc:  # the bus is away: the publish will say so (503)
-            log.debug("stream pending check failed: %s", exc.message)
-            return 0
-        # what was published before the reading began is in its count
-        self._unread_published[pool] = self._unread_published.get(pool, 0) - published
-        self._readings[pool] = (count, now)
-        return count
+        lock = self._locks.get(pool)
+        if lock is None:
+            lock = self._locks[pool] = anyio.Lock()
+        async with lock:
+            now = time.monotonic()
+            cached = self._readings.get(pool)
+            if cached is not None and now - cached[1] < READING_TTL_S:
+                return cached[0]  # read while this one waited
+            published = self._unread_published.get(pool, 0)
+            try:
+                count = (await self.bus.stream_info(stream_name(pool))).messages
+            except NoStreamError:
+                count = 0
+            except SieError as exc:  # the bus is away: the publish will say so (503)
+                log.debug("stream pending check failed: %s", exc.message)
+                self._readings[pool] = (0, now)  # not retried by every waiter
+                return 0
+            # what was published before the reading began is in its count
+            self._unread_published[pool] = self._unread_published.get(pool, 0) - published
+            self._readings[pool] = (count, now)
+            return count
 
     async def ensure_stream(self, pool: str) -> None:
         """Create or reconcile ``pool``'s work stream once per gateway (§8.2).
