@@ -116,3 +116,24 @@ def test_one_text_passes_are_tokenised_together_as_features_would(loaded: Any) -
     assert singles[2]["input_ids"].shape[1] == inputs.window  # truncated to the window
     chunked = inputs.passes(texts, [[0, 1], [2, 3]])
     np.testing.assert_array_equal(chunked[1]["input_ids"], inputs.features(texts[2:])["input_ids"])
+
+
+def test_a_call_whose_own_lane_fails_waits_for_its_other_lanes(loaded: Any) -> None:
+    inputs, path = loaded
+    s = Spy(path, "cpu", max_threads=2, parallel_min_tokens=10_000)
+    finished: list[int] = []
+    run = s._run
+
+    def timed(session: Any, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+        out = run(session, feeds)
+        finished.append(threading.get_ident())
+        return out
+
+    s._run = timed  # type: ignore[method-assign]
+    bad = {k: v.astype(np.int32) for k, v in _pass(inputs, 3).items()}
+    good = [_pass(inputs, n) for n in (4, 5, 6, 7, 8)]
+    with pytest.raises(InferenceError):
+        s.run_all([bad, *good])  # lane 0 (the caller) fails on its first pass
+    assert len(finished) == 3  # the other lane ran all of its passes before the call ended
+    assert s._calls == 0
+    s.close()

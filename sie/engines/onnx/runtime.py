@@ -43,7 +43,7 @@ import json
 import logging
 import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -368,7 +368,10 @@ class Sessions:
 
                     pool = self._lane_pool()
                     rest = [pool.submit(lane, small[k::lanes]) for k in range(1, lanes)]
-                    lane(small[0::lanes])  # the calling thread is lane 0
+                    try:
+                        lane(small[0::lanes])  # the calling thread is lane 0
+                    finally:  # the call ends only when its lanes have
+                        wait(rest)
                     for f in rest:
                         f.result()
             return [o for o in out if o is not None]
