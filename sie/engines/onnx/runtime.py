@@ -345,15 +345,13 @@ class Sessions:
             self._calls += 1
             share = max(1, self.max_threads // self._calls) if self._on_cpu else 1
         try:
-            out: list[np.ndarray | None] = [None] * len(passes)
-            small = [
-                i for i, f in enumerate(passes) if f["input_ids"].size < self.parallel_min_tokens
-            ]
-            big = [
-                i for i, f in enumerate(passes) if f["input_ids"].size >= self.parallel_min_tokens
-            ]
-            for i in big:
-                out[i] = self._run(self._session(share), passes[i])
+            out: list[Any] = [None] * len(passes)
+            small: list[int] = []
+            for i, feeds in enumerate(passes):
+                if feeds["input_ids"].size >= self.parallel_min_tokens:
+                    out[i] = self._run(self._session(share), feeds)
+                else:
+                    small.append(i)
             if small:
                 single = self._session(1)
                 lanes = min(share, len(small))
@@ -374,7 +372,7 @@ class Sessions:
                         wait(rest)
                     for f in rest:
                         f.result()
-            return [o for o in out if o is not None]
+            return out  # every pass has run: an error above left the call
         except ModelLoadFailed as exc:
             raise InferenceError(f"encode failed: {exc.message}") from exc
         except InferenceError:
