@@ -120,6 +120,13 @@ def test_native_encode_takes_the_same_options(client: httpx.Client, st_model: An
     assert r.status_code == 400, r.text
     detail = r.json()["detail"]
     assert detail["field"] == "items[0].text" and str(tokens(st_model, LONG)) in detail["message"]
+    # among items that fit, the over-long one still makes the request a 400 naming it
+    items = [{"text": "short"}, {"text": LONG}, {"text": "x"}]
+    r = client.post(url, json={"items": items, "params": {"options": {"truncate": False}}})
+    assert r.status_code == 400, r.text
+    detail = r.json()["detail"]
+    assert detail["code"] == "INVALID_INPUT" and detail["field"] == "items[1].text"
+    assert [d["item_index"] for d in detail["details"]] == [1]
 
 
 # ---------------------------------------------------------------- client libraries

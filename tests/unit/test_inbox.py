@@ -105,6 +105,7 @@ def test_how_failed_items_become_one_error() -> None:
     from sie.core.errors import (
         AllItemsFailed,
         InferenceError,
+        InvalidInput,
         LoraLoading,
         ModelLoadFailed,
         ModelLoading,
@@ -129,6 +130,15 @@ def test_how_failed_items_become_one_error() -> None:
         raise_failures([result(0), failed(1, "INFERENCE_ERROR")])
     assert type(partial.value) is InferenceError
     assert partial.value.fields["details"][0]["item_index"] == 1
+    # a client error on some items only: the request is at fault (4xx naming the item)
+    bad = failed(1, "INVALID_INPUT")
+    bad.error_field = "items[1].text"
+    with pytest.raises(InvalidInput) as client:
+        raise_failures([result(0), bad, result(2)])
+    assert client.value.status == 400 and client.value.fields["field"] == "items[1].text"
+    assert [d["item_index"] for d in client.value.fields["details"]] == [1]
+    with pytest.raises(InferenceError):  # a server-side code on some items stays a 500
+        raise_failures([result(0), failed(1, "MODEL_LOADING")])
     # MODEL_LOAD_FAILED carries its body; a worker's odd values get the conservative ones
     with pytest.raises(ModelLoadFailed) as load:
         raise_failures([failed(0, "MODEL_LOAD_FAILED", {"error_class": "OOM", "attempts": 3})])

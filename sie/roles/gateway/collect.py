@@ -119,23 +119,27 @@ def load_failure_fields(details: Any) -> dict[str, Any]:
 
 
 def raise_failures(results: list[WorkResult]) -> None:
-    """Raise the workers' error when every item failed with one code (e.g. 503
-    ``MODEL_LOADING``), ``AllItemsFailed`` when every item failed with different codes,
-    else ``InferenceError`` listing each failed item; nothing when every item succeeded."""
+    """Raise the workers' error when every failed item failed with one code and either
+    every item failed (e.g. 503 ``MODEL_LOADING``) or that code is a client error (a
+    4xx such as ``INVALID_INPUT``: the request is at fault, naming its first bad item,
+    with ``details[]`` listing each); ``AllItemsFailed`` when every item failed with
+    different codes; else ``InferenceError`` listing each failed item; nothing when
+    every item succeeded (docs/api.md §8)."""
     failed = [r for r in results if not r.success]
     if not failed:
         return
     codes = {r.error_code for r in failed}
-    if len(failed) == len(results) and len(codes) == 1:
+    details = [{"item_index": r.item_index, "code": r.error_code, "error": r.error} for r in failed]
+    if len(codes) == 1:
         field = failed[0].error_field
         extra: dict[str, Any] = {"field": field} if field else {}
         if failed[0].error_code == "MODEL_LOAD_FAILED":
             extra |= load_failure_fields(failed[0].error_details)
-        raise error_for_code(failed[0].error_code, failed[0].error or "worker error", **extra)
+        err = error_for_code(failed[0].error_code, failed[0].error or "worker error", **extra)
+        if len(failed) == len(results):
+            raise err
+        if 400 <= err.status < 500:
+            err.fields["details"] = details
+            raise err
     kind = AllItemsFailed if len(failed) == len(results) else InferenceError
-    raise kind(
-        f"{len(failed)} of {len(results)} items failed",
-        details=[
-            {"item_index": r.item_index, "code": r.error_code, "error": r.error} for r in failed
-        ],
-    )
+    raise kind(f"{len(failed)} of {len(results)} items failed", details=details)
