@@ -8,6 +8,7 @@ every token goes through ``normalize_model_id`` so ids such as
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 __all__ = [
     "ADVISORY_MAX_DELIVERIES",
@@ -149,8 +150,12 @@ def config_subject(bundle_id: str) -> str:
     return f"sie.config.models.{bundle_id}"
 
 
+@lru_cache(maxsize=8192)
 def subject_matches(pattern: str, subject: str) -> bool:
-    """NATS wildcard match: ``*`` is one token, a trailing ``>`` one or more tokens."""
+    """NATS wildcard match: ``*`` is one token, a trailing ``>`` one or more tokens.
+
+    Memoised (a bounded cache): the in-memory bus asks it for every stored message on
+    every fetch, for the same few work subjects."""
     p = pattern.split(".")
     s = subject.split(".")
     for i, tok in enumerate(p):

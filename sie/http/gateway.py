@@ -108,9 +108,12 @@ def model_info(entry: ModelEntry, gateway: GatewayRole) -> dict[str, Any]:
         "state": state,
         "last_error": last_error,
         "max_sequence_length": cfg.max_sequence_length,
-        "profiles": {"default": {"is_default": True}}
+        # the profile this id serves is its default: a variant serves its own, the base
+        # id the one SIE_DEFAULT_PROFILES names (docs/performance.md "Choosing a MiniLM
+        # profile"), else ``default``
+        "profiles": {entry.profile.name: {"is_default": True}}
         if is_variant
-        else {p: {"is_default": p == "default"} for p in cfg.profiles},
+        else {p: {"is_default": p == entry.profile.name} for p in cfg.profiles},
         "bundles": list(entry.bundles),
         "pool": cfg.effective_pool,
         **gateway.directory.model_counts(entry.model_id),  # loads, evictions (docs/api.md §10)

@@ -76,6 +76,8 @@ def _check_input(payload: Any) -> None:
             "it does not implement instead of ignoring them); see docs/api.md §5.1",
             field=str(unknown[0]),
         )
+    if payload.get("model") == "":  # OpenAI answers 400 naming it, not a 404
+        raise InvalidInput("model: must not be empty", field="model")
     inp = payload.get("input")
     if isinstance(inp, list):
         if not inp:

@@ -215,12 +215,21 @@ class _MemPullConsumer:
             out: list[JsMsg] = []
             dead: list[_Stored] = []
             next_wake = math.inf
-            in_flight = stream.in_flight_now(now)
+            # ``flying`` over-counts (settled entries leave it lazily): count exactly only
+            # when the bound could matter, not on every fetch
+            in_flight = len(stream.flying)
+            if in_flight + batch > cfg.max_ack_pending:
+                in_flight = stream.in_flight_now(now)
             for m in stream.msgs.values():
-                if m.dead or not subject_matches(cfg.filter_subject, m.subject):
+                if m.dead:
                     continue
-                if m.available_at > now:
-                    next_wake = min(next_wake, m.available_at)
+                if m.available_at > now:  # in flight, or delayed by a nak
+                    if m.available_at < next_wake and subject_matches(
+                        cfg.filter_subject, m.subject
+                    ):
+                        next_wake = m.available_at
+                    continue
+                if not subject_matches(cfg.filter_subject, m.subject):
                     continue
                 if m.delivered >= cfg.max_deliver:
                     m.dead, m.in_flight = True, False

@@ -138,7 +138,12 @@ def test_a_bare_id_serves_the_default_profile_setting() -> None:
             health = c.get("/health").json()
             loaded = {m["name"] for w in health["workers"] for m in w.get("models", [])}
             assert MINILM in loaded and f"{MINILM}:fastest" not in loaded
-            assert c.get(f"/v1/models/{MINILM}").json()["id"] == MINILM
+            info = c.get(f"/v1/models/{MINILM}").json()
+            assert info["id"] == MINILM
+            defaults = {p for p, v in info["profiles"].items() if v["is_default"]}
+            assert defaults == {"fastest"}  # the profile the bare id serves
+            variant = c.get(f"/v1/models/{MINILM}:onnx").json()["profiles"]
+            assert variant == {"onnx": {"is_default": True}}
             r = c.post("/v1/embeddings", json={"model": MINILM, "input": TEXTS})
             assert r.status_code == 200 and r.json()["model"] == MINILM
             fast, torch = dense(c, MINILM), dense(c, f"{MINILM}:default")

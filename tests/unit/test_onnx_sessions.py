@@ -1,19 +1,22 @@
 """How ``sie.engines.onnx.runtime.Sessions`` spends its cores (docs/performance.md
 "Threads per session run"), on MiniLM's real float32 graph: big passes on intra-op
-threads, small passes on 1-thread sessions spread over lanes, the share split among
-concurrent calls, and the same outputs whichever way a pass ran."""
+threads, small passes on 1-thread sessions run by the graph's pass pool (shared by the
+calls in flight, never more passes at once than cores), the share split among
+concurrent calls, and the same outputs whichever way a pass ran; and on the real int8
+graph, the graph rewrite int8 leaves off."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from sie.core.errors import InferenceError
-from sie.engines.onnx.runtime import Sessions, TextInputs
+from sie.engines.onnx.runtime import INT8_DISABLED_OPTIMIZERS, Sessions, TextInputs
 from tests.unit.test_onnx_engines import _engine, _minilm
 
 WORDS = "the quick brown fox jumps over the lazy dog while the cat watches".split()
@@ -37,14 +40,41 @@ class Spy(Sessions):
         self.ran: list[tuple[int, int, int]] = []  # (tokens, session threads, thread id)
         self.hold: threading.Event | None = None  # the first pass waits for it
         self.entered = threading.Event()
+        self.together: threading.Barrier | None = None  # the first passes meet here
+        self.meet_tokens: set[int] | None = None  # only passes of these sizes meet
+        self.meet_left = 0
+        self._count = threading.Lock()
+        self.running = 0
+        self.most = 0  # most passes running at once
 
     def _run(self, session: Any, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
         threads = next(t for t, s in self._by_threads.items() if s is session)
-        self.ran.append((int(feeds["input_ids"].size), threads, threading.get_ident()))
-        if self.hold is not None and not self.entered.is_set():
-            self.entered.set()
-            self.hold.wait(timeout=10)
-        return super()._run(session, feeds)
+        with self._count:
+            self.ran.append((int(feeds["input_ids"].size), threads, threading.get_ident()))
+            self.running += 1
+            self.most = max(self.most, self.running)
+            first = len(self.ran) == 1
+            tokens = int(feeds["input_ids"].size)
+            meet = (
+                self.together is not None
+                and self.meet_left > 0
+                and (self.meet_tokens is None or tokens in self.meet_tokens)
+            )
+            self.meet_left -= int(meet)
+        try:
+            if meet:
+                assert self.together is not None
+                try:
+                    self.together.wait(timeout=10)
+                except threading.BrokenBarrierError:
+                    pass
+            if self.hold is not None and first:
+                self.entered.set()
+                self.hold.wait(timeout=10)
+            return super()._run(session, feeds)
+        finally:
+            with self._count:
+                self.running -= 1
 
 
 def _pass(inputs: TextInputs, words: int, rows: int = 1) -> dict[str, np.ndarray]:
@@ -65,16 +95,57 @@ def test_a_big_pass_runs_on_every_core_a_small_one_on_one(loaded: Any) -> None:
     ]
 
 
-def test_small_passes_are_spread_over_the_calls_cores_in_order(loaded: Any) -> None:
+def test_small_passes_run_on_the_pass_pool_in_order(loaded: Any) -> None:
     inputs, path = loaded
     s = Spy(path, "cpu", max_threads=2, parallel_min_tokens=10_000)
+    s.together, s.meet_left = threading.Barrier(2), 2  # the first two passes run at once
     passes = [_pass(inputs, n) for n in (3, 8, 5, 12, 4, 9)]
     got = s.run_all(passes)
+    assert not s.together.broken
     assert {n for _, n, _ in s.ran} == {1}
-    assert len({tid for _, _, tid in s.ran}) == 2  # two lanes
+    assert len({tid for _, _, tid in s.ran}) == 2 and s.most == 2  # both cores, no more
+    assert threading.get_ident() not in {tid for _, _, tid in s.ran}  # the pool ran them
+    s.together = None
     alone = [s.run(p) for p in passes]
     for a, b in zip(got, alone, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)  # results stay with their pass
+    s.close()
+
+
+def test_a_lone_calls_lone_small_pass_runs_on_the_calling_thread(loaded: Any) -> None:
+    inputs, path = loaded
+    s = Spy(path, "cpu", max_threads=2, parallel_min_tokens=10_000)
+    s.run(_pass(inputs, 3))
+    assert [tid for _, _, tid in s.ran] == [threading.get_ident()]  # no hand-off
+    s.close()
+
+
+def test_concurrent_calls_share_the_pool_without_oversubscribing(loaded: Any) -> None:
+    """A call that starts while another is in flight still spreads its passes over
+    every core the pool has free (with lanes fixed per call at its start it got one);
+    the passes of all calls together never run more at once than there are cores."""
+    inputs, path = loaded
+    s = Spy(path, "cpu", max_threads=2, parallel_min_tokens=10_000)
+    s.hold = threading.Event()
+    first = threading.Thread(target=s.run_all, args=([_pass(inputs, 3), _pass(inputs, 4)],))
+    first.start()
+    assert s.entered.wait(10)  # the first call's first pass holds one pool thread
+    second_passes = [_pass(inputs, n) for n in (5, 6, 7, 8, 9, 10)]
+    tokens = {int(p["input_ids"].size) for p in second_passes}
+    # two of the second call's passes must run at the same time, on two threads
+    s.together, s.meet_tokens, s.meet_left = threading.Barrier(2), tokens, 2
+    second = threading.Thread(target=s.run_all, args=(second_passes,))
+    second.start()
+    s.hold.set()
+    first.join(10)
+    second.join(10)
+    assert not first.is_alive() and not second.is_alive()
+    assert not s.together.broken
+    threads = {tid for t, _, tid in s.ran if t in tokens}
+    assert len(threads) == 2  # the second call's passes ran on both pool threads
+    assert s.most <= 2 and len(s.ran) == 8
+    assert s._calls == 0
+    s.close()
 
 
 def test_concurrent_calls_split_the_cores(loaded: Any) -> None:
@@ -118,7 +189,7 @@ def test_one_text_passes_are_tokenised_together_as_features_would(loaded: Any) -
     np.testing.assert_array_equal(chunked[1]["input_ids"], inputs.features(texts[2:])["input_ids"])
 
 
-def test_a_call_whose_own_lane_fails_waits_for_its_other_lanes(loaded: Any) -> None:
+def test_a_call_with_a_failed_pass_waits_for_its_other_passes(loaded: Any) -> None:
     inputs, path = loaded
     s = Spy(path, "cpu", max_threads=2, parallel_min_tokens=10_000)
     finished: list[int] = []
@@ -133,7 +204,38 @@ def test_a_call_whose_own_lane_fails_waits_for_its_other_lanes(loaded: Any) -> N
     bad = {k: v.astype(np.int32) for k, v in _pass(inputs, 3).items()}
     good = [_pass(inputs, n) for n in (4, 5, 6, 7, 8)]
     with pytest.raises(InferenceError):
-        s.run_all([bad, *good])  # lane 0 (the caller) fails on its first pass
-    assert len(finished) == 3  # the other lane ran all of its passes before the call ended
+        s.run_all([bad, *good])  # the first pass fails at once
+    assert len(finished) == 5  # every other pass ran before the call ended
     assert s._calls == 0
     s.close()
+
+
+def test_int8_sessions_leave_the_skip_layer_norm_fusion_off(tmp_path: Path) -> None:
+    """On MiniLM's real int8 graph: ONNX Runtime's optimised graph holds the fused
+    ``SkipLayerNormalization`` with every rewrite on and none with the int8 setting,
+    and the int8 engine's sessions are built with it."""
+    import onnx
+    import onnxruntime as ort
+
+    engine = _engine(_minilm(), "onnx-int8")
+    engine.load()
+    try:
+        _, sessions = engine._loaded()
+        assert sessions.disabled_optimizers == INT8_DISABLED_OPTIMIZERS
+        assert "SkipLayerNormFusion" in INT8_DISABLED_OPTIMIZERS
+        path = sessions.path
+    finally:
+        engine.unload()
+
+    def fused_ops(disabled: tuple[str, ...]) -> set[str]:
+        out = tmp_path / f"opt{len(disabled)}.onnx"
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.optimized_model_filepath = str(out)
+        ort.InferenceSession(
+            str(path), opts, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled)
+        )
+        return {n.op_type for n in onnx.load(str(out)).graph.node}
+
+    assert "SkipLayerNormalization" in fused_ops(())
+    assert "SkipLayerNormalization" not in fused_ops(INT8_DISABLED_OPTIMIZERS)

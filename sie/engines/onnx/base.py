@@ -44,6 +44,7 @@ from sie.engines.onnx.checks import (
 from sie.engines.onnx.graphs import export_module, fp32_graph, int8_graph, precision
 from sie.engines.onnx.runtime import (
     INPUT_NAMES,
+    INT8_DISABLED_OPTIMIZERS,
     INT8_PARALLEL_MIN_TOKENS,
     Sessions,
     TextInputs,
@@ -190,7 +191,9 @@ class OnnxEncoderBase:
             want = self._gate_vectors(list(INT8_PROBES))
             path = int8_graph(fp32, shipped, self.model_cache_dir, sie_id)
             self._sessions.close()  # the float32 sessions served the parity check only
-            self._sessions = Sessions(path, self.device, threads, INT8_PARALLEL_MIN_TOKENS)
+            self._sessions = Sessions(
+                path, self.device, threads, INT8_PARALLEL_MIN_TOKENS, INT8_DISABLED_OPTIMIZERS
+            )
             self._per_text = True
             got = probe_loaded(
                 self.config, self.task, lambda: self._gate_vectors(list(INT8_PROBES))

@@ -15,14 +15,17 @@ device is ``cuda[:n]`` and onnxruntime has it). On a CPU the cores are split amo
 engine calls of this graph in flight, as the worker does for torch
 (``sie.engines.runtime.threads``): each call's share is ``max(1, cores // calls)``
 (on 2 cores two 1-thread MiniLM calls encoded 1.2-1.3x more sentences/s than one
-2-thread call). Within its share a call spends its cores one of two ways
+2-thread call). A call spends its cores one of two ways
 (docs/performance.md "Threads per session run"):
 
 - a forward pass of at least ``parallel_min_tokens`` tokens (rows x sequence) runs on
   a session with the whole share as intra-op threads;
-- smaller passes run on a 1-thread session, and the call's passes are spread over its
-  share of cores (``run_all``: lanes on a small thread pool), because intra-op threads
-  cost more than they save on a small pass. Measured on 2 cores (MiniLM, one pass):
+- smaller passes run on a 1-thread session, on the graph's pass pool: ``cores``
+  threads (at the engine calls' CPU priority) that take the small passes of every call
+  in flight first come first served, so no more passes run at once than there are
+  cores and none of them idles while any call has passes left (a lone call's lone pass
+  runs on the calling thread: no hand-off at one connection). Intra-op threads cost
+  more than they save on a small pass. Measured on 2 cores (MiniLM, one pass):
   float32 gains from a second thread only from about 24 tokens (1.3x at 37, 1.4x at
   226; 0.96x for one 10-token text); dynamically quantised int8 loses with it up to
   about 190 tokens (0.69x at 10 tokens, 0.85x at 75, 1.08x at 226).
@@ -51,12 +54,13 @@ import numpy as np
 
 from sie.core.errors import InferenceError, ModelLoadFailed
 from sie.core.templates import render_input
-from sie.engines.runtime.threads import cpu_cores
+from sie.engines.runtime.threads import cpu_cores, lower_priority
 from sie.engines.truncation import apply_truncation
 
 __all__ = [
     "FLOAT_PARALLEL_MIN_TOKENS",
     "INPUT_NAMES",
+    "INT8_DISABLED_OPTIMIZERS",
     "INT8_PARALLEL_MIN_TOKENS",
     "Feeds",
     "Sessions",
@@ -76,6 +80,12 @@ FLOAT_PARALLEL_MIN_TOKENS = 24
 
 #: The same for a dynamically quantised int8 graph (crossover about 190).
 INT8_PARALLEL_MIN_TOKENS = 192
+
+#: ONNX Runtime graph rewrites left off for a dynamically quantised int8 graph: the
+#: fused ``SkipLayerNormalization`` kernel took about 43 us per call on a 20-token int8
+#: pass where the Add and LayerNormalization it replaces take about 12 us together
+#: (ORT's op profiler; docs/performance.md "Graph rewrites"). float32 keeps every one.
+INT8_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 
 #: What the tokenisation takes: single texts, or ``(query, doc)`` pairs.
 Texts = Sequence[str] | Sequence[tuple[str, str]]
@@ -247,6 +257,8 @@ class Sessions:
         parallel_min_tokens: the smallest forward pass (rows x sequence tokens) that
             runs on more than one intra-op thread (``FLOAT_PARALLEL_MIN_TOKENS``,
             ``INT8_PARALLEL_MIN_TOKENS``).
+        disabled_optimizers: names of ONNX Runtime graph rewrites to leave off
+            (``INT8_DISABLED_OPTIMIZERS``).
 
     Raises:
         ModelLoadFailed: (UNKNOWN, permanent) onnxruntime cannot load the graph.
@@ -258,17 +270,19 @@ class Sessions:
         device: str = "cpu",
         max_threads: int | None = None,
         parallel_min_tokens: int = FLOAT_PARALLEL_MIN_TOKENS,
+        disabled_optimizers: Sequence[str] = (),
     ) -> None:
         self._ort, _ = import_onnx_stack()
         self.path = path
         self.device = device
         self.max_threads = max(1, max_threads or cpu_cores())
         self.parallel_min_tokens = max(1, parallel_min_tokens)
+        self.disabled_optimizers = tuple(disabled_optimizers)
         self._providers = self._pick_providers(device)
         self._lock = threading.Lock()
         self._calls = 0
         self._by_threads: dict[int, Any] = {}
-        self._lanes: ThreadPoolExecutor | None = None
+        self._passes: ThreadPoolExecutor | None = None
         first = self._session(self.max_threads)
         if self._on_cpu:
             self._session(1)
@@ -303,7 +317,10 @@ class Sessions:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             session = ort.InferenceSession(
-                str(self.path), sess_options=opts, providers=self._providers
+                str(self.path),
+                sess_options=opts,
+                providers=self._providers,
+                disabled_optimizers=list(self.disabled_optimizers),
             )
         except Exception as exc:  # onnxruntime raises its own exception types
             raise ModelLoadFailed(
@@ -334,15 +351,20 @@ class Sessions:
     def run_all(self, passes: Sequence[Mapping[str, np.ndarray]]) -> list[np.ndarray]:
         """The graph's first output for each forward pass's ``feeds`` (only the inputs
         the graph takes are passed), in order: one engine call. Passes of at least
-        ``parallel_min_tokens`` tokens run one after another on the call's share of
-        cores as intra-op threads; smaller ones on 1-thread sessions, spread over the
-        share in lanes (module docstring).
+        ``parallel_min_tokens`` tokens run one after another on the calling thread with
+        the call's share of cores as intra-op threads. Smaller ones run on the
+        1-thread session: a lone call's lone pass on the calling thread, every other
+        one on the graph's pass pool (``max_threads`` threads, first come first
+        served across the calls in flight), so that the cores stay busy while any
+        call has passes left (module docstring). The call ends only when all of its
+        passes have.
 
         Raises:
             InferenceError: onnxruntime failed.
         """
         with self._lock:
             self._calls += 1
+            alone = self._calls == 1
             share = max(1, self.max_threads // self._calls) if self._on_cpu else 1
         try:
             out: list[Any] = [None] * len(passes)
@@ -354,24 +376,15 @@ class Sessions:
                     small.append(i)
             if small:
                 single = self._session(1)
-                lanes = min(share, len(small))
-                if lanes == 1:
-                    for i in small:
+                if self.max_threads == 1 or not self._on_cpu or (alone and len(small) == 1):
+                    for i in small:  # nothing to spread: no thread hand-off
                         out[i] = self._run(single, passes[i])
                 else:
-
-                    def lane(idx: list[int]) -> None:
-                        for i in idx:
-                            out[i] = self._run(single, passes[i])
-
-                    pool = self._lane_pool()
-                    rest = [pool.submit(lane, small[k::lanes]) for k in range(1, lanes)]
-                    try:
-                        lane(small[0::lanes])  # the calling thread is lane 0
-                    finally:  # the call ends only when its lanes have
-                        wait(rest)
-                    for f in rest:
-                        f.result()
+                    pool = self._pass_pool()
+                    futures = [pool.submit(self._run, single, passes[i]) for i in small]
+                    wait(futures)  # the call ends only when its passes have
+                    for i, f in zip(small, futures, strict=True):
+                        out[i] = f.result()
             return out  # every pass has run: an error above left the call
         except ModelLoadFailed as exc:
             raise InferenceError(f"encode failed: {exc.message}") from exc
@@ -387,17 +400,20 @@ class Sessions:
         inputs = {n: feeds[n] for n in self.input_names}
         return np.asarray(session.run(self.output_names[:1], inputs)[0])
 
-    def _lane_pool(self) -> ThreadPoolExecutor:
-        """Threads for a call's extra lanes (``max_threads - 1``, made on first use)."""
+    def _pass_pool(self) -> ThreadPoolExecutor:
+        """The threads that run small passes (``max_threads``, made on first use, at the
+        engine calls' CPU priority)."""
         with self._lock:
-            if self._lanes is None:
-                self._lanes = ThreadPoolExecutor(
-                    max(1, self.max_threads - 1), thread_name_prefix="sie-onnx-lane"
+            if self._passes is None:
+                self._passes = ThreadPoolExecutor(
+                    self.max_threads,
+                    thread_name_prefix="sie-onnx-pass",
+                    initializer=lower_priority,
                 )
-            return self._lanes
+            return self._passes
 
     def close(self) -> None:
-        """Stop the lane threads (the sessions go with the object)."""
-        if self._lanes is not None:
-            self._lanes.shutdown(wait=False)
-            self._lanes = None
+        """Stop the pass pool's threads (the sessions go with the object)."""
+        if self._passes is not None:
+            self._passes.shutdown(wait=False)
+            self._passes = None

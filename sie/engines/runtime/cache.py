@@ -299,8 +299,9 @@ class ModelCache:
                 # The load belongs to the cache, not to this caller: cancelling the caller
                 # (an abandoned request) must not leave a half-loaded slot behind.
                 self._tg.start_soon(self._load, entry, slot)
-            with anyio.move_on_after(wait_s):
-                await slot.ready.wait()
+            if not slot.ready.is_set():  # anyio's wait yields even on a set event
+                with anyio.move_on_after(wait_s):
+                    await slot.ready.wait()
             if not slot.ready.is_set():
                 raise ModelLoading(
                     f"model {entry.model_id!r} is loading on this worker; retry shortly",

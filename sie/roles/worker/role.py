@@ -112,7 +112,9 @@ class WorkerRole:
         )
         self.models = models
         models.add_listener(self._notify)
-        self._inflight = anyio.Semaphore(settings.max_inflight_items)
+        # fast_acquire: an uncontended acquire does not yield to the event loop (one trip
+        # fewer per work item; docs/performance.md "Where the time goes")
+        self._inflight = anyio.Semaphore(settings.max_inflight_items, fast_acquire=True)
         self.sync = sync
         sync.add_listener(self._notify)
         self.epoch = sync.epoch
