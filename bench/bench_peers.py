@@ -55,6 +55,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
+from _cpu import measure_during  # noqa: E402
 from _embeddings_load import corpus, run_load  # noqa: E402
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -422,6 +423,10 @@ def run_server(
             )
         for conns, texts in LOADS:
             label = f"{conns}x{texts}"
+            # the server's cores over the measured part (margins for the client's start)
+            watch, cores = measure_during(
+                started.proc.pid, args.warmup + 0.5, max(0.5, args.seconds - 1.0)
+            )
             try:
                 out = run_load(
                     port,
@@ -434,6 +439,9 @@ def run_server(
                 )
             except Exception as exc:
                 out = {"error": f"load generator: {exc}"}
+            watch.join()
+            if cores and "error" not in out:
+                out["cores"] = cores
             res["loads"][label] = out
             if "error" in out:
                 print(f"    {label}: {out['error']}", flush=True)
@@ -493,6 +501,48 @@ def table(servers: list[Server]) -> str:
         if "error" in s.result:
             lines.append(f"| — | {s.name} | failed: {_cell(s.result['error'])} | | | | | |")
     return "\n".join(lines)
+
+
+def cores_table(servers: list[Server]) -> str:
+    """Where the cores went during each single-text load (``_cpu.CpuWatch``): the
+    server's main thread (SIE: the event loop) and its other threads (engine work), the
+    load generator, the machine's idle cores, and the server's CPU per request."""
+    lines = [
+        "| load | server | req/s | server cores (main + other) | client | idle "
+        "| server CPU ms/req (main) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for conns, texts in LOADS:
+        if texts != 1:
+            continue
+        for s in servers:
+            r = s.result.get("loads", {}).get(f"{conns}x{texts}") or {}
+            c = r.get("cores")
+            if not c or not r.get("req_s"):
+                continue
+            per = 1000.0 / r["req_s"]
+            lines.append(
+                f"| {conns} x {texts} | {s.name} | {r['req_s']:.0f} | {c['server']:.2f} "
+                f"({c['main']:.2f} + {c['other']:.2f}) | {r.get('client_cpu', 0):.2f} "
+                f"| {c['idle']:.2f} | {c['server'] * per:.2f} ({c['main'] * per:.2f}) |"
+            )
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def ceiling(served: dict[str, Any], raw_best: float) -> dict[str, float] | None:
+    """The most requests/s a server could give at 32 x 1 on this machine's cores with
+    this run's costs and no idle core: ``cores / (event loop + engine + client)`` CPU
+    per request, the engine's at its raw best (``cores / raw_best``: every raw mode
+    uses every core) and the loop's and client's as measured (None without them)."""
+    c = served.get("cores")
+    if not c or not served.get("req_s") or not raw_best:
+        return None
+    ncores = os.cpu_count() or 1
+    per = 1000.0 / served["req_s"]
+    loop_ms, client_ms = c["main"] * per, float(served.get("client_cpu") or 0.0) * per
+    engine_ms = ncores * 1000.0 / raw_best
+    top = ncores * 1000.0 / (loop_ms + engine_ms + client_ms)
+    return {"loop_ms": loop_ms, "engine_ms": engine_ms, "client_ms": client_ms, "req_s": top}
 
 
 def raw_engines(args: argparse.Namespace) -> dict[str, Any]:
@@ -558,8 +608,19 @@ def checks(servers: list[Server], raw: dict[str, Any] | None = None) -> list[str
             best = max(engine.values())
             out.append(
                 f"{key} at 32x1 / the raw {profile} engine at its best: "
-                f"{served / best:.2f}x" + (" (issue asks >= 0.9x)" if profile == "onnx" else "")
+                f"{served / best:.2f}x"
+                + (" (issue asks >= 0.9x)" if profile == "onnx" else "")
+                + f"; at its best single call (bs 32): {served / engine.get('bs 32', best):.2f}x"
             )
+            top = ceiling(by[key]["32x1"], best)
+            if top:
+                out.append(
+                    f"  {key} ceiling at 32x1 on {os.cpu_count()} cores with no idle core: "
+                    f"{top['req_s']:.0f} req/s = {top['req_s'] / best:.2f}x the raw best "
+                    f"(CPU ms per request: event loop {top['loop_ms']:.2f} + engine at its raw "
+                    f"best {top['engine_ms']:.2f} + client {top['client_ms']:.2f}); served "
+                    f"{served / top['req_s']:.2f}x of it"
+                )
     for s in servers:
         r = s.result.get("loads", {}).get("32x1", {})
         if s.key.startswith("sie") and r and "error" not in r and r["p50_ms"]:
@@ -636,6 +697,9 @@ def main() -> None:
         raw = raw_engines(args)
     print()
     print(table(servers))
+    if cores := cores_table(servers):
+        print()
+        print(cores)
     if raw:
         print()
         print(raw_table(raw))
