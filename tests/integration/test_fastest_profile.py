@@ -15,6 +15,7 @@ from sie.core.config import ModelConfig, parse_model_config
 from sie.engines.encoders.sentence_transformers import DenseEncoder
 from sie.engines.onnx.encoders import OnnxDenseEncoder
 from sie.engines.onnx.fastest import FastestDenseEncoder
+from sie.engines.runtime.threads import cpu_cores
 from tests.conftest import CONFIGS, MINILM, MODEL_CACHE, run_stack
 
 pytestmark = pytest.mark.slow
@@ -65,6 +66,8 @@ def test_on_minilm_int8_passes_and_serves_without_waiting_for_company() -> None:
     try:
         assert engine.served == "onnx-int8" and engine.refused == {}
         assert engine.gains_from_batching is False  # one text per call: no batch wait
+        # its passes run on the sessions' pool: two calls per core keep that pool fed
+        assert engine.wanted_engine_slots == 2 * cpu_cores()
         got, want = _dense(engine, TEXTS), _torch_dense(TEXTS)
         cos = (got * want).sum(axis=1)  # both unit length (MiniLM normalises)
         assert got.shape == (2, 384) and float(cos.min()) >= 0.95
@@ -81,6 +84,7 @@ def test_an_int8_graph_below_its_bound_falls_through_to_float32() -> None:
         assert engine.served == "onnx-float32"
         assert "int8 quantisation loses too much" in engine.refused["onnx-int8"]
         assert engine.gains_from_batching is True
+        assert engine.wanted_engine_slots == 0  # the worker's setting
         got, want = _dense(engine, TEXTS), _torch_dense(TEXTS)
         assert float((got * want).sum(axis=1).min()) >= 0.99999
     finally:

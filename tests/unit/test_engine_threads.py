@@ -27,6 +27,20 @@ def test_engine_slots_respect_engine_device_and_setting() -> None:
     assert engine_slots(Concurrent(), "cuda:0", 4) == 1  # calls queue on the device
 
 
+class WantsMore:
+    concurrent_calls = 8
+    wanted_engine_slots = 4
+
+
+def test_an_engine_that_wants_more_slots_gets_them_within_its_cap() -> None:
+    assert engine_slots(WantsMore(), "cpu", 2) == 4  # more than the setting
+    assert engine_slots(WantsMore(), "cpu", 6) == 6  # the setting, when larger
+    over = WantsMore()
+    over.wanted_engine_slots = 32
+    assert engine_slots(over, "cpu", 2) == 8  # the engine's own cap still holds
+    assert engine_slots(WantsMore(), "cuda:0", 2) == 1
+
+
 def test_cpu_cores_is_the_affinity() -> None:
     assert 1 <= cpu_cores() <= (torch.get_num_threads() + 64)
 

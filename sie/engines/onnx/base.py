@@ -59,6 +59,11 @@ __all__ = ["OnnxEncoderBase"]
 
 log = logging.getLogger(__name__)
 
+#: Engine calls in flight per core for a one-text-per-pass (int8) engine: with one
+#: per core the pass pool idled while a finished call went back through the event loop
+#: (docs/performance.md "Engine slots for one-text passes").
+PASS_SLOTS_PER_CORE = 2
+
 
 class OnnxEncoderBase:
     """Load, prepare and batching shared by the ONNX encoders (module docstring)."""
@@ -224,6 +229,16 @@ class OnnxEncoderBase:
         as soon as an engine slot is free instead of waiting for company
         (``sie.engines.runtime.batching``)."""
         return not self._per_text
+
+    @property
+    def wanted_engine_slots(self) -> int:
+        """Engine calls worth running at once (``sie.engines.runtime.threads.engine_slots``):
+        two per core of the sessions for int8, whose one-text passes all run on the
+        sessions' pass pool (``Sessions``), so a call in flight beyond the cores only
+        queues passes; 0 (the worker's setting) otherwise."""
+        if not self._per_text or self._sessions is None:
+            return 0
+        return PASS_SLOTS_PER_CORE * self._sessions.max_threads
 
     # -- serving ----------------------------------------------------------------------
 

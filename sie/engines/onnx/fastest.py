@@ -123,6 +123,11 @@ class FastestDenseEncoder:
         """The serving engine's (``sie.engines.runtime.batching``: no wait for company)."""
         return bool(getattr(self._engine, "gains_from_batching", True))
 
+    @property
+    def wanted_engine_slots(self) -> int:
+        """The serving engine's (``sie.engines.runtime.threads.engine_slots``)."""
+        return int(getattr(self._engine, "wanted_engine_slots", 0) or 0)
+
     def memory_bytes(self) -> int:
         fn = getattr(self._engine, "memory_bytes", None)
         return int(fn()) if callable(fn) else 0

@@ -60,13 +60,21 @@ def cpu_cores() -> int:
 
 def engine_slots(engine: Any, device: str, configured: int) -> int:
     """How many calls of ``engine`` may run at once: ``configured`` (the worker's
-    ``SIE_ENGINE_CONCURRENCY``) capped by what the engine allows
+    ``SIE_ENGINE_CONCURRENCY``), or more when the engine asks for more
+    (``wanted_engine_slots``, default 0), capped by what the engine allows
     (``concurrent_calls``, default 1); always 1 on an accelerator, where calls
-    queue on the device anyway."""
+    queue on the device anyway.
+
+    An engine asks for more slots when its calls only queue forward passes on a pool
+    of its own sized to the cores (ONNX int8, one text per pass:
+    ``sie.engines.onnx.runtime.Sessions``): extra calls add no thread that competes for
+    a core, they keep that pool fed while a finished call's results go back through
+    the event loop (docs/performance.md "Engine slots for one-text passes")."""
     if not device.startswith("cpu"):
         return 1
     allowed = int(getattr(engine, "concurrent_calls", 1) or 1)
-    return max(1, min(configured, allowed))
+    wanted = int(getattr(engine, "wanted_engine_slots", 0) or 0)
+    return max(1, min(max(configured, wanted), allowed))
 
 
 class CallThreads:
