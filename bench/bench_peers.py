@@ -17,7 +17,10 @@ per server before the first, every load for ``--server-warmup`` in all). One tab
 follows, each row with its ratio to SIE torch at the same load, then the raw ONNX
 float32 and int8 engines alone (``bench_onnx_engines.py`` in a child process, after the
 servers: sentences/s at bs 1, bs 32, 2 x bs 32) and issue 16's ratios (``--no-raw``
-skips the raw rows); the results also go to
+skips the raw rows). For each single-text load it also prints where the cores went
+(the server's main thread and other threads, the client, the machine's idle cores,
+from ``/proc``: ``_cpu.py``) and, at 32 x 1, the ceiling those costs leave on this
+machine's cores (``ceiling``); the results also go to
 ``.cache/bench-peers/last.json``. A server that fails to start or to answer a probe is
 a row with its error (its log is in ``.cache/bench-peers/logs/``).
 
