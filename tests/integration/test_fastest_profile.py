@@ -77,12 +77,27 @@ def test_on_minilm_int8_passes_and_serves_without_waiting_for_company() -> None:
         engine.unload()
 
 
+def test_an_int8_graph_below_its_bound_tries_token_scales_before_float32() -> None:
+    # MiniLM's per-tensor int8 has min cosine 0.9645 and its per-token one 0.969
+    engine = _fastest(_minilm({"int8_min_cosine": 0.967}))
+    engine.load()
+    try:
+        assert engine.served == "onnx-int8-token"
+        assert "int8 quantisation loses too much" in engine.refused["onnx-int8"]
+        assert engine.gains_from_batching is False  # still one text per pass
+        got, want = _dense(engine, TEXTS), _torch_dense(TEXTS)
+        assert float((got * want).sum(axis=1).min()) >= 0.967
+    finally:
+        engine.unload()
+
+
 def test_an_int8_graph_below_its_bound_falls_through_to_float32() -> None:
     engine = _fastest(_minilm({"int8_min_cosine": 0.99999}))
     engine.load()
     try:
         assert engine.served == "onnx-float32"
         assert "int8 quantisation loses too much" in engine.refused["onnx-int8"]
+        assert "int8 quantisation loses too much" in engine.refused["onnx-int8-token"]
         assert engine.gains_from_batching is True
         assert engine.wanted_engine_slots == 0  # the worker's setting
         got, want = _dense(engine, TEXTS), _torch_dense(TEXTS)
@@ -106,7 +121,7 @@ def test_an_export_that_does_not_match_torch_falls_through_to_torch(
     engine.load()
     try:
         assert engine.served == "torch"
-        assert set(engine.refused) == {"onnx-int8", "onnx-float32"}
+        assert set(engine.refused) == {"onnx-int8", "onnx-int8-token", "onnx-float32"}
         assert all("does not reproduce the torch pipeline" in m for m in engine.refused.values())
         np.testing.assert_allclose(_dense(engine, TEXTS), _torch_dense(TEXTS), atol=1e-6)
     finally:

@@ -188,6 +188,52 @@ def test_int8_passes_its_bound_on_minilm_and_is_refused_under_an_impossible_one(
     assert err.value.fields["error_class"] == "CONFIG"
 
 
+@pytest.mark.slow
+def test_int8_with_token_scales_is_closer_to_float32_and_batch_invariant() -> None:
+    engine = _engine(_minilm(), "onnx-int8")
+    engine.load()
+    tensor_q = engine.int8_quality
+    assert engine.int8_scales == "tensor"
+    engine.unload()
+    token = {
+        "extends": "default",
+        "adapter_path": "sie.engines.onnx.encoders:OnnxDenseEncoder",
+        "compute_precision": "int8",
+        "adapter_options": {"loadtime": {"int8_activation_scales": "token"}},
+    }
+    engine = _engine(_minilm({"token": token}), "token")
+    engine.load()
+    try:
+        q = engine.int8_quality
+        assert engine.int8_scales == "token" and "tokenscales" in engine.graph_path.name
+        assert q.min_cosine > tensor_q.min_cosine and q.mean_cosine > tensor_q.mean_cosine
+        assert q.top10_overlap >= tensor_q.top10_overlap
+        # a text's vector does not depend on the batch its tokens are padded into
+        texts = ["short", "a much longer sentence about the weather in the mountains today"]
+        sess = engine._sessions
+        assert sess is not None and engine._inputs is not None
+        feats = engine._inputs.features(texts)  # one padded batch, both texts
+        together = sess.run(feats)
+        alone = sess.run(engine._inputs.features(texts[:1]))
+        n = alone.shape[1]
+        np.testing.assert_allclose(together[0, :n], alone[0], rtol=0, atol=1e-5)
+    finally:
+        engine.unload()
+
+
+def test_int8_activation_scales_must_be_known() -> None:
+    bad = {
+        "extends": "default",
+        "adapter_path": "sie.engines.onnx.encoders:OnnxDenseEncoder",
+        "compute_precision": "int8",
+        "adapter_options": {"loadtime": {"int8_activation_scales": "row"}},
+    }
+    with pytest.raises(
+        ModelLoadFailed, match="int8_activation_scales must be one of tensor, token"
+    ):
+        _engine(_minilm({"bad": bad}), "bad").load()
+
+
 def test_int8_gate_measures() -> None:
     rng = np.random.default_rng(0)
     fp32 = rng.normal(size=(20, 16)).astype(np.float32)

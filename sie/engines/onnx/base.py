@@ -13,10 +13,14 @@
    0.99999 (``sie.engines.onnx.checks.check_parity``; hook ``_check_parity``);
 5. with ``compute_precision: int8``, the int8 graph is made (cached beside) and must
    keep the int8 bound against float32 on ``INT8_PROBES`` (hooks ``_int8_bounds``,
-   ``_gate_vectors``, ``_check_int8``); it then serves, one text
-   per session call (dynamic quantisation scales activations by the whole input
-   tensor's range: in a padded batch a text's vector would depend on its neighbours,
-   cosine 0.987-0.993 to the same text alone on MiniLM).
+   ``_gate_vectors``, ``_check_int8``); loadtime ``int8_activation_scales``
+   (``tensor`` or ``token``: ``sie.engines.onnx.quantize``) picks the graph. It then
+   serves one text per session call: with per-tensor scales the activations of a
+   padded batch share one range, so a text's vector would depend on its neighbours
+   (cosine 0.987-0.993 to the same text alone on MiniLM); with per-token scales it
+   would not, but batched int8 passes were no faster on 2 cores and waiting for
+   company cost the single-text latency (docs/performance.md "Per-token activation
+   scales").
 
 The reference is dropped once the checks pass. Subclasses set ``st_class``,
 ``head`` (the export's cache key and graph), and implement the hooks.
@@ -41,7 +45,13 @@ from sie.engines.onnx.checks import (
     check_parity,
     parity_probes,
 )
-from sie.engines.onnx.graphs import export_module, fp32_graph, int8_graph, precision
+from sie.engines.onnx.graphs import (
+    export_module,
+    fp32_graph,
+    int8_graph,
+    int8_scales,
+    precision,
+)
 from sie.engines.onnx.runtime import (
     INPUT_NAMES,
     INT8_DISABLED_OPTIMIZERS,
@@ -100,6 +110,8 @@ class OnnxEncoderBase:
         self.graph_path: Path | None = None
         self.parity_cosine: float | None = None
         self.int8_quality: Any = None
+        #: the int8 graph's activation scales (``tensor`` or ``token``), once loaded
+        self.int8_scales: str | None = None
         self._inputs: TextInputs | None = None
         self._sessions: Sessions | None = None
         self._per_text = False
@@ -165,6 +177,7 @@ class OnnxEncoderBase:
         self.precision = precision(self.profile, sie_id)
         threads = loadtime_positive_int(loadtime, "intra_op_num_threads", cpu_cores(), sie_id)
         bounds = self._int8_bounds(loadtime)
+        scales = int8_scales(self.profile, sie_id)
         root = resolve_weights(self.config)
         self._read_pipeline(root)
         reference = load_st_model(self.config, self.profile, "cpu", self.st_class)
@@ -194,7 +207,8 @@ class OnnxEncoderBase:
         path = fp32
         if self.precision == "int8":
             want = self._gate_vectors(list(INT8_PROBES))
-            path = int8_graph(fp32, shipped, self.model_cache_dir, sie_id)
+            path = int8_graph(fp32, shipped, self.model_cache_dir, sie_id, scales)
+            self.int8_scales = scales
             self._sessions.close()  # the float32 sessions served the parity check only
             self._sessions = Sessions(
                 path, self.device, threads, INT8_PARALLEL_MIN_TOKENS, INT8_DISABLED_OPTIMIZERS

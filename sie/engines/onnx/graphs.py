@@ -33,13 +33,14 @@ from sie.engines.onnx.export import (
     shipped_onnx,
     weights_digest,
 )
-from sie.engines.onnx.quantize import INT8_FILE, quantize_int8
+from sie.engines.onnx.quantize import ACTIVATION_SCALES, int8_file, quantize_int8
 
 __all__ = [
     "StPipeline",
     "export_module",
     "fp32_graph",
     "int8_graph",
+    "int8_scales",
     "module_inputs",
     "precision",
     "read_st_pipeline",
@@ -179,15 +180,40 @@ def export_module(
     return run
 
 
-def int8_graph(fp32: Path, shipped: bool, model_cache_dir: str | Path | None, sie_id: str) -> Path:
-    """The int8 graph made from ``fp32``, quantised now unless cached: beside an exported
-    graph, or for a shipped one under the model cache keyed by that file's digest."""
+def int8_scales(profile: ResolvedProfile, sie_id: str) -> str:
+    """The profile's loadtime ``int8_activation_scales``: ``tensor`` (default) or
+    ``token`` (``sie.engines.onnx.quantize``).
+
+    Raises:
+        ModelLoadFailed: (CONFIG, permanent) another value.
+    """
+    value = profile.loadtime.get("int8_activation_scales", "tensor")
+    if value not in ACTIVATION_SCALES:
+        raise ModelLoadFailed(
+            f"model {sie_id!r}: loadtime.int8_activation_scales must be one of "
+            f"{', '.join(ACTIVATION_SCALES)}, not {str(value)[:40]!r}",
+            error_class="CONFIG",
+            permanent=True,
+        )
+    return str(value)
+
+
+def int8_graph(
+    fp32: Path,
+    shipped: bool,
+    model_cache_dir: str | Path | None,
+    sie_id: str,
+    scales: str = "tensor",
+) -> Path:
+    """The int8 graph made from ``fp32`` with ``scales`` activation scales, quantised
+    now unless cached: beside an exported graph, or for a shipped one under the model
+    cache keyed by that file's digest."""
     if shipped:
         short = file_digest(fp32)[:16]
         target = model_cache_root(model_cache_dir) / "onnx" / f"{safe_name(sie_id)}--{short}"
-        target = target / INT8_FILE
+        target = target / int8_file(scales)
     else:
-        target = fp32.parent / INT8_FILE
+        target = fp32.parent / int8_file(scales)
     if not target.is_file():
-        quantize_int8(fp32, target)
+        quantize_int8(fp32, target, token_scales=scales == "token")
     return target
