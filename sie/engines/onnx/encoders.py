@@ -17,7 +17,9 @@ Profile options: ``compute_precision`` (unset/``float32`` or ``int8``); loadtime
 ``trust_remote_code`` (the reference load), ``onnx_file`` (a graph inside the weights
 directory to use instead of exporting), ``intra_op_num_threads`` (the cores to share;
 default this process's), ``int8_min_cosine`` / ``int8_mean_cosine`` /
-``int8_min_top10`` (the int8 bound, ``sie.engines.onnx.checks``); runtime ``normalize``
+``int8_min_top10`` (the int8 bound, ``sie.engines.onnx.checks``),
+``int8_activation_scales`` (``tensor``, the default, or ``token``:
+``sie.engines.onnx.quantize``); runtime ``normalize``
 (bool: L2-normalise dense rows and token vectors; dense rows are unit length anyway
 when the pipeline has a ``Normalize`` module), ``query_template`` / ``doc_template``
 (``sie.core.templates``).
