@@ -15,8 +15,8 @@ Only a refusal by a check (``ModelLoadFailed`` with ``error_class`` CONFIG: a qu
 gate, a pipeline the ONNX engines do not reproduce) or a missing ONNX stack
 (DEPENDENCY) moves on to the next; missing weights (NOT_FOUND) fail the load at once,
 as the next candidate would fail the same way. ``served`` names the one serving
-(``onnx-int8``, ``onnx-int8-token``, ``onnx-float32`` or ``torch``), logged at load with why the faster
-ones were refused. The profile's options reach every candidate (loadtime: the int8
+(``onnx-int8``, ``onnx-int8-token``, ``onnx-float32`` or ``torch``), logged at load
+with why the faster ones were refused. The profile's options reach every candidate (loadtime: the int8
 bound, ``intra_op_num_threads``, ``trust_remote_code``; runtime: ``normalize`` and the
 templates), so the outputs (``dense``, ``multivector``) and ``score`` are the same
 contract whichever serves.
