@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -325,5 +326,18 @@ def run_client(args: argparse.Namespace) -> int:
     except OSError as exc:  # the config file
         print(f"sie {args.command}: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(_plain(result), indent=2) if args.json else text)
+    emit(json.dumps(_plain(result), indent=2) if args.json else text)
     return 0
+
+
+def emit(text: str) -> None:
+    """Print a command's result. A reader that stops early (``sie models | head``)
+    closes the pipe: the rest is dropped quietly, with no traceback, and stdout points
+    at the null device so that the interpreter's flush at exit cannot fail either."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)

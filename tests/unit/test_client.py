@@ -259,3 +259,20 @@ def test_the_config_port_follows_the_gateway_port() -> None:
 def test_tables_pad_columns() -> None:
     out = render_table(["A", "LONGER"], [("x", 1), ("yyyy", None)])
     assert out.splitlines() == ["A     LONGER", "----  ------", "x     1", "yyyy"]
+
+
+def test_cli_output_to_a_reader_that_stops_early_ends_quietly() -> None:
+    """``sie models | head -1``: the closed pipe drops the rest, no traceback."""
+    import subprocess
+    import sys
+
+    code = "from sie.cli_client import emit; emit('row\\n' * 200_000); print('more')"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline() == b"row\n"
+    proc.stdout.close()  # what head does after its line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=30) == 0
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
