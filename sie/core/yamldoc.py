@@ -164,6 +164,7 @@ def _check_plain(
                     )
                 budget[0] -= 1
                 budget[1] -= len(k)
+                _check_text(k, (*parts, k))
                 _check_plain(v, (*parts, k), budget, active)
         else:
             for i, v in enumerate(value):
@@ -171,6 +172,7 @@ def _check_plain(
         active.discard(id(value))
     elif isinstance(value, str):
         budget[1] -= len(value)
+        _check_text(value, parts)
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise ParseError(f"{_path(parts)}: non-finite number {value!r}", field=_path(parts))
@@ -185,6 +187,24 @@ def _check_plain(
             f"document expands to more than {MAX_YAML_CHARS} characters (alias bomb?)",
             field="body",
         )
+
+
+def _check_text(text: str, parts: tuple[str | int, ...]) -> None:
+    """Refuse a string UTF-8 cannot encode: YAML's ``"\\ud800"`` escape names a lone
+    surrogate, which every later step (the store, the hashes, the deltas) would fail
+    to write."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # a key may hold the surrogate itself: escaped, so the error can be encoded
+        where = (_path(parts) or "body").encode("utf-8", "backslashreplace").decode()
+        raise ParseError(
+            f"{where}: contains an unpaired surrogate at position {exc.start} "
+            "(not valid Unicode text)",
+            field=where,
+        ) from None
 
 
 def load_yaml(
@@ -211,7 +231,7 @@ def load_yaml(
             ``MAX_YAML_NODES`` nodes or ``MAX_YAML_DEPTH`` levels as written or once
             aliases are expanded, more than ``MAX_YAML_CHARS`` characters once
             expanded, or a value JSON cannot carry (timestamps, binary, non-string
-            keys, NaN).
+            keys, NaN, a string with an unpaired surrogate).
     """
     if isinstance(text, bytes):
         try:

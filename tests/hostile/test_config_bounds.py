@@ -566,3 +566,44 @@ def test_every_error_bounds_what_it_echoes() -> None:
         parse_model_config({**model_doc(), **many})
     assert len(cfg_err.value.message) < MAX_MESSAGE_CHARS + 40
     assert len(cfg_err.value.fields["errors"]) == 21  # 20 listed + "... and 4980 more"
+
+
+# -- strings the store, hashes and deltas cannot write ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        ('a: "x\\ud800y"', "a"),
+        ('a: {b: [ok, "\\udc00"]}', "a.b[1]"),
+        ('"k\\ud800": 1', "k\\ud800"),  # in a key: echoed escaped, so the error encodes
+    ],
+)
+def test_a_lone_surrogate_is_refused_at_parse(doc: str, field: str) -> None:
+    with pytest.raises(ParseError) as err:
+        yamldoc.load_yaml(doc)
+    assert err.value.fields["field"] == field
+    assert "unpaired surrogate" in err.value.message
+    err.value.message.encode("utf-8")  # the reply can be written
+
+
+def test_a_lone_surrogate_in_a_config_write_is_a_400_and_the_role_keeps_working(
+    plain: Stack,
+) -> None:
+    """Found by a hostile trial: the write answered 500 after the registry had taken
+    the config, and every later write and epoch read failed until a restart."""
+    url = f"{cfg_url(plain)}/v1/configs/models"
+    epoch = httpx.get(f"{cfg_url(plain)}/v1/configs/epoch").json()
+    hostile = st_model(
+        "sec/surrogate",
+        '  x:\n    extends: default\n    adapter_options: {loadtime: {k: "\\ud800"}}\n',
+    )
+    r = httpx.post(url, content=hostile, headers={"content-type": "application/yaml"})
+    assert r.status_code == 400, r.text[:500]
+    detail = r.json()["detail"]
+    assert detail["code"] == "PARSE_ERROR"
+    assert detail["field"] == "profiles.x.adapter_options.loadtime.k"
+    assert httpx.get(f"{url}/sec/surrogate").status_code == 404  # nothing was applied
+    assert httpx.get(f"{cfg_url(plain)}/v1/configs/epoch").json() == epoch
+    assert httpx.post(url, content=st_model("sec/after-surrogate")).status_code == 201
+    assert httpx.get(f"{cfg_url(plain)}/v1/configs/epoch").status_code == 200
