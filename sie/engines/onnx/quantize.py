@@ -17,8 +17,8 @@ docs/performance.md "ONNX Runtime engines"):
 - activations scaled per tensor by default (ONNX Runtime's ``DynamicQuantizeLinear``);
   loadtime ``int8_activation_scales: token`` scales each token on its own
   (``sie.engines.onnx.token_scales``): better quality (MiniLM: min 0.969, mean 0.9967,
-  top-10 0.944) and a text's vector independent of its batch, at 5-14% of int8's speed
-  on 2 cores (docs/performance.md "Per-token activation scales").
+  top-10 0.944) and a text's vector independent of its batch, 5-14% slower on 2 cores
+  (docs/performance.md "Per-token activation scales").
 
 The int8 graph is cached beside the float32 one it was made from
 (``INT8_FILE``; for a shipped graph, under the model cache keyed by that graph's
