@@ -14,9 +14,13 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import h11
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
+from hypercorn.events import RawData
+from hypercorn.protocol import h11 as h11_protocol
 from hypercorn.protocol import ws_stream
+from hypercorn.protocol.events import Body, EndBody
 from starlette.types import ASGIApp
 
 __all__ = ["bind_socket", "serve_app"]
@@ -68,6 +72,63 @@ def _bound_websocket_messages() -> None:
 
 
 _bound_websocket_messages()
+
+
+def _has_body_length(headers: Any) -> bool:
+    """A ``content-length`` among h11 response headers (the whole body follows at once,
+    not a stream whose first bytes may come much later)."""
+    return any(name.lower() == b"content-length" for name, _ in headers)
+
+
+def _coalesce_response_head() -> None:
+    """Make hypercorn write a sized HTTP/1.1 response's head and body in one write.
+
+    hypercorn 0.18 writes the status line and headers as soon as the app starts its
+    response and the body in a second write: two ``send`` system calls and two TCP
+    segments (the client wakes twice) per response. A response with a
+    ``content-length`` now keeps its head until the body's first bytes (or the end of
+    an empty body) and writes both at once; a streamed response (no length: server-sent
+    events, chunked) still sends its head at once. Any other event flushes a held head
+    first (docs/performance.md "One write per response")."""
+    cls = h11_protocol.H11Protocol
+    if getattr(cls, "sie_coalesced", False):
+        return
+    send_event = cls._send_h11_event
+    stream_send = cls.stream_send
+
+    async def coalescing_send_event(self: Any, event: Any) -> None:
+        if isinstance(event, h11.Response) and _has_body_length(event.headers):
+            try:
+                self.sie_head = self.connection.send(event)
+            except h11.LocalProtocolError:
+                await send_event(self, event)  # hypercorn's own handling of the error
+            return
+        head = getattr(self, "sie_head", None)
+        if head is None or not isinstance(event, h11.Data | h11.EndOfMessage):
+            await send_event(self, event)
+            return
+        self.sie_head = None
+        try:
+            data = self.connection.send(event)
+        except h11.LocalProtocolError:
+            await self.send(RawData(data=head))
+            await send_event(self, event)
+            return
+        await self.send(RawData(data=head + (data or b"")))
+
+    async def flushing_stream_send(self: Any, event: Any) -> None:
+        head = getattr(self, "sie_head", None)
+        if head is not None and not isinstance(event, Body | EndBody):
+            self.sie_head = None
+            await self.send(RawData(data=head))
+        await stream_send(self, event)
+
+    cls._send_h11_event = coalescing_send_event  # type: ignore[method-assign]
+    cls.stream_send = flushing_stream_send  # type: ignore[method-assign]
+    cls.sie_coalesced = True  # type: ignore[attr-defined]
+
+
+_coalesce_response_head()
 
 
 async def serve_app(

@@ -1,9 +1,10 @@
 """How ``sie.engines.onnx.runtime.Sessions`` spends its cores (docs/performance.md
-"Threads per session run"), on MiniLM's real float32 graph: big passes on intra-op
-threads, small passes on 1-thread sessions run by the graph's pass pool (shared by the
-calls in flight, never more passes at once than cores), the share split among
-concurrent calls, and the same outputs whichever way a pass ran; and on the real int8
-graph, the graph rewrite int8 leaves off."""
+"Threads per session run", "Passes on the calling thread"), on MiniLM's real float32
+graph: big passes on intra-op threads, small passes on 1-thread sessions in one group
+per core of the call's share (a lone call spreads over every core, concurrent calls
+run their passes on their own threads, never more groups at once than cores), and the
+same outputs whichever way a pass ran; and on the real int8 graph, the graph rewrite
+int8 leaves off."""
 
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def test_a_big_pass_runs_on_every_core_a_small_one_on_one(loaded: Any) -> None:
     ]
 
 
-def test_small_passes_run_on_the_pass_pool_in_order(loaded: Any) -> None:
+def test_a_lone_calls_small_passes_spread_over_every_core_in_order(loaded: Any) -> None:
     inputs, path = loaded
     s = Spy(path, "cpu", max_threads=2, parallel_min_tokens=10_000)
     s.together, s.meet_left = threading.Barrier(2), 2  # the first two passes run at once
@@ -104,7 +105,9 @@ def test_small_passes_run_on_the_pass_pool_in_order(loaded: Any) -> None:
     assert not s.together.broken
     assert {n for _, n, _ in s.ran} == {1}
     assert len({tid for _, _, tid in s.ran}) == 2 and s.most == 2  # both cores, no more
-    assert threading.get_ident() not in {tid for _, _, tid in s.ran}  # the pool ran them
+    mine = [t for t, _, tid in s.ran if tid == threading.get_ident()]
+    sizes = [int(p["input_ids"].size) for p in passes]
+    assert mine == sizes[:3]  # the first group of consecutive passes: the calling thread
     s.together = None
     alone = [s.run(p) for p in passes]
     for a, b in zip(got, alone, strict=True):
@@ -120,31 +123,63 @@ def test_a_lone_calls_lone_small_pass_runs_on_the_calling_thread(loaded: Any) ->
     s.close()
 
 
-def test_concurrent_calls_share_the_pool_without_oversubscribing(loaded: Any) -> None:
-    """A call that starts while another is in flight still spreads its passes over
-    every core the pool has free (with lanes fixed per call at its start it got one);
-    the passes of all calls together never run more at once than there are cores."""
+def test_concurrent_calls_run_their_passes_on_their_own_threads(loaded: Any) -> None:
+    """With as many calls in flight as cores, each call runs all of its small passes
+    on its own thread (no hand-off to the pool), and the calls run at once."""
     inputs, path = loaded
     s = Spy(path, "cpu", max_threads=2, parallel_min_tokens=10_000)
     s.hold = threading.Event()
-    first = threading.Thread(target=s.run_all, args=([_pass(inputs, 3), _pass(inputs, 4)],))
+    first_passes = [_pass(inputs, 3), _pass(inputs, 4)]
+    first = threading.Thread(target=s.run_all, args=(first_passes,))
     first.start()
-    assert s.entered.wait(10)  # the first call's first pass holds one pool thread
+    assert s.entered.wait(10)  # the first call holds one core, two calls in flight
     second_passes = [_pass(inputs, n) for n in (5, 6, 7, 8, 9, 10)]
-    tokens = {int(p["input_ids"].size) for p in second_passes}
-    # two of the second call's passes must run at the same time, on two threads
-    s.together, s.meet_tokens, s.meet_left = threading.Barrier(2), tokens, 2
-    second = threading.Thread(target=s.run_all, args=(second_passes,))
+    done: list[list[np.ndarray]] = []
+    second = threading.Thread(target=lambda: done.append(s.run_all(second_passes)))
     second.start()
+    second.join(10)  # runs to its end while the first call still holds its core
+    assert not second.is_alive() and len(done[0]) == 6
     s.hold.set()
     first.join(10)
-    second.join(10)
-    assert not first.is_alive() and not second.is_alive()
-    assert not s.together.broken
-    threads = {tid for t, _, tid in s.ran if t in tokens}
-    assert len(threads) == 2  # the second call's passes ran on both pool threads
+    assert not first.is_alive()
+    tokens = {int(p["input_ids"].size) for p in second_passes}
+    assert len({tid for t, _, tid in s.ran if t in tokens}) == 1  # one thread: its own
     assert s.most <= 2 and len(s.ran) == 8
     assert s._calls == 0
+    s.close()
+
+
+def test_a_call_past_the_cores_waits_for_a_core(loaded: Any) -> None:
+    """Never more groups of small passes at once than cores: a third call waits until
+    one of two running calls has ended its passes, then runs at once."""
+    inputs, path = loaded
+    s = Spy(path, "cpu", max_threads=2, parallel_min_tokens=10_000)
+    running = threading.Barrier(3)  # the first two calls' passes and this test
+    release = threading.Event()
+    run = s._run
+
+    def held(session: Any, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+        if int(feeds["input_ids"].size) in (5, 6):  # the first two calls wait here
+            running.wait(timeout=10)
+            release.wait(timeout=10)
+        return run(session, feeds)
+
+    s._run = held  # type: ignore[method-assign]
+    calls = [threading.Thread(target=s.run_all, args=([_pass(inputs, n)],)) for n in (3, 4, 6)]
+    sizes = [int(_pass(inputs, n)["input_ids"].size) for n in (3, 4, 6)]
+    assert sizes[:2] == [5, 6]
+    for t in calls[:2]:
+        t.start()
+    running.wait(timeout=10)  # both hold a core now
+    calls[2].start()
+    calls[2].join(0.3)
+    assert calls[2].is_alive()  # no core free: it waits
+    assert sizes[2] not in [t for t, _, _ in s.ran]
+    release.set()
+    for t in calls:
+        t.join(10)
+        assert not t.is_alive()
+    assert s.most <= 2 and len(s.ran) == 3
     s.close()
 
 
@@ -204,8 +239,9 @@ def test_a_call_with_a_failed_pass_waits_for_its_other_passes(loaded: Any) -> No
     bad = {k: v.astype(np.int32) for k, v in _pass(inputs, 3).items()}
     good = [_pass(inputs, n) for n in (4, 5, 6, 7, 8)]
     with pytest.raises(InferenceError):
-        s.run_all([bad, *good])  # the first pass fails at once
-    assert len(finished) == 5  # every other pass ran before the call ended
+        s.run_all([*good[:2], bad, *good[2:]])  # the calling thread's group fails
+    # the pool's group (the last three passes) ended before the call did
+    assert finished.count(threading.get_ident()) == 2 and len(finished) == 5
     assert s._calls == 0
     s.close()
 

@@ -69,10 +69,11 @@ __all__ = ["OnnxEncoderBase"]
 
 log = logging.getLogger(__name__)
 
-#: Engine calls in flight per core for a one-text-per-pass (int8) engine: with one
-#: per core the pass pool idled while a finished call went back through the event loop
-#: (docs/performance.md "Engine slots for one-text passes").
-PASS_SLOTS_PER_CORE = 2
+#: Engine calls in flight per core for a one-text-per-pass (int8) engine: one, so that
+#: each call runs its passes on its own thread (``Sessions``). Two per core, feeding a
+#: shared pass pool, kept that pool busier but cost more GIL hand-offs than it saved
+#: (docs/performance.md "Passes on the calling thread").
+PASS_SLOTS_PER_CORE = 1
 
 
 class OnnxEncoderBase:
@@ -247,9 +248,9 @@ class OnnxEncoderBase:
     @property
     def wanted_engine_slots(self) -> int:
         """Engine calls worth running at once (``sie.engines.runtime.threads.engine_slots``):
-        two per core of the sessions for int8, whose one-text passes all run on the
-        sessions' pass pool (``Sessions``), so a call in flight beyond the cores only
-        queues passes; 0 (the worker's setting) otherwise."""
+        one per core of the sessions for int8 (``PASS_SLOTS_PER_CORE``), whose one-text
+        passes then run on each call's own thread (``Sessions``), however few calls the
+        worker's setting allows; 0 (the worker's setting) otherwise."""
         if not self._per_text or self._sessions is None:
             return 0
         return PASS_SLOTS_PER_CORE * self._sessions.max_threads

@@ -20,15 +20,20 @@ engine calls of this graph in flight, as the worker does for torch
 
 - a forward pass of at least ``parallel_min_tokens`` tokens (rows x sequence) runs on
   a session with the whole share as intra-op threads;
-- smaller passes run on a 1-thread session, on the graph's pass pool: ``cores``
-  threads (at the engine calls' CPU priority) that take the small passes of every call
-  in flight first come first served, so no more passes run at once than there are
-  cores and none of them idles while any call has passes left (a lone call's lone pass
-  runs on the calling thread: no hand-off at one connection). Intra-op threads cost
-  more than they save on a small pass. Measured on 2 cores (MiniLM, one pass):
-  float32 gains from a second thread only from about 24 tokens (1.3x at 37, 1.4x at
-  226; 0.96x for one 10-token text); dynamically quantised int8 loses with it up to
-  about 190 tokens (0.69x at 10 tokens, 0.85x at 75, 1.08x at 226).
+- smaller passes run on a 1-thread session, one after another in ``share`` groups:
+  the first group on the calling thread, the others on the graph's pass pool
+  (``cores`` threads at the engine calls' CPU priority). Each group holds one of the
+  graph's ``cores`` core tokens while it runs, so no more groups run at once than there
+  are cores, and a call that finds every core taken waits for the first group to end
+  instead of for its call to go back through the event loop. With as many calls in
+  flight as cores, each call's passes run on its own thread: a pass pool fed one pass
+  at a time cost two hand-offs of the GIL per pass (the calling thread's and the pool
+  thread's), 10-15% of the served throughput (docs/performance.md "Passes on the
+  calling thread"). A lone call still spreads its passes over every core. Intra-op
+  threads cost more than they save on a small pass. Measured on 2 cores (MiniLM, one
+  pass): float32 gains from a second thread only from about 24 tokens (1.3x at 37,
+  1.4x at 226; 0.96x for one 10-token text); dynamically quantised int8 loses with it
+  up to about 190 tokens (0.69x at 10 tokens, 0.85x at 75, 1.08x at 226).
 
 A session per thread count, built on first use (1 and ``cores`` at load on a CPU);
 each holds its own copy of the weights (``nbytes`` counts them all).
@@ -283,6 +288,8 @@ class Sessions:
         self._calls = 0
         self._by_threads: dict[int, Any] = {}
         self._passes: ThreadPoolExecutor | None = None
+        #: one per core: held by each group of small passes while it runs
+        self._cores = threading.Semaphore(self.max_threads)
         first = self._session(self.max_threads)
         if self._on_cpu:
             self._session(1)
@@ -353,18 +360,16 @@ class Sessions:
         the graph takes are passed), in order: one engine call. Passes of at least
         ``parallel_min_tokens`` tokens run one after another on the calling thread with
         the call's share of cores as intra-op threads. Smaller ones run on the
-        1-thread session: a lone call's lone pass on the calling thread, every other
-        one on the graph's pass pool (``max_threads`` threads, first come first
-        served across the calls in flight), so that the cores stay busy while any
-        call has passes left (module docstring). The call ends only when all of its
-        passes have.
+        1-thread session in up to ``share`` groups of consecutive passes, each group
+        holding a core token while it runs: the first on the calling thread, the
+        others on the graph's pass pool (module docstring). The call ends only when
+        all of its passes have.
 
         Raises:
             InferenceError: onnxruntime failed.
         """
         with self._lock:
             self._calls += 1
-            alone = self._calls == 1
             share = max(1, self.max_threads // self._calls) if self._on_cpu else 1
         try:
             out: list[Any] = [None] * len(passes)
@@ -375,16 +380,7 @@ class Sessions:
                 else:
                     small.append(i)
             if small:
-                single = self._session(1)
-                if self.max_threads == 1 or not self._on_cpu or (alone and len(small) == 1):
-                    for i in small:  # nothing to spread: no thread hand-off
-                        out[i] = self._run(single, passes[i])
-                else:
-                    pool = self._pass_pool()
-                    futures = [pool.submit(self._run, single, passes[i]) for i in small]
-                    wait(futures)  # the call ends only when its passes have
-                    for i, f in zip(small, futures, strict=True):
-                        out[i] = f.result()
+                self._run_small(passes, small, share, out)
             return out  # every pass has run: an error above left the call
         except ModelLoadFailed as exc:
             raise InferenceError(f"encode failed: {exc.message}") from exc
@@ -396,13 +392,54 @@ class Sessions:
             with self._lock:
                 self._calls -= 1
 
+    def _run_small(
+        self,
+        passes: Sequence[Mapping[str, np.ndarray]],
+        small: Sequence[int],
+        share: int,
+        out: list[Any],
+    ) -> None:
+        """Run the passes ``small`` (indices into ``passes``) on the 1-thread session
+        into ``out``: in ``min(share, len(small))`` groups of consecutive passes, each
+        holding a core token on a CPU (the first group on this thread)."""
+        single = self._session(1)
+        if not self._on_cpu or self.max_threads == 1:
+            for i in small:  # nothing to spread: no thread hand-off
+                out[i] = self._run(single, passes[i])
+            return
+        n = min(share, len(small))
+        size, extra = divmod(len(small), n)
+        groups, start = [], 0
+        for g in range(n):
+            end = start + size + (g < extra)
+            groups.append(small[start:end])
+            start = end
+        pool = self._pass_pool() if n > 1 else None
+        futures = (
+            [pool.submit(self._run_group, single, passes, g) for g in groups[1:]] if pool else []
+        )
+        try:
+            mine = self._run_group(single, passes, groups[0])
+        finally:
+            wait(futures)  # the call ends only when its passes have
+        for group, got in zip(groups, [mine, *(f.result() for f in futures)], strict=True):
+            for i, o in zip(group, got, strict=True):
+                out[i] = o
+
+    def _run_group(
+        self, session: Any, passes: Sequence[Mapping[str, np.ndarray]], group: Sequence[int]
+    ) -> list[np.ndarray]:
+        """The passes ``group`` one after another, holding one core token throughout."""
+        with self._cores:
+            return [self._run(session, passes[i]) for i in group]
+
     def _run(self, session: Any, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
         inputs = {n: feeds[n] for n in self.input_names}
         return np.asarray(session.run(self.output_names[:1], inputs)[0])
 
     def _pass_pool(self) -> ThreadPoolExecutor:
-        """The threads that run small passes (``max_threads``, made on first use, at the
-        engine calls' CPU priority)."""
+        """The threads that run the groups of small passes a call does not run itself
+        (``max_threads``, made on first use, at the engine calls' CPU priority)."""
         with self._lock:
             if self._passes is None:
                 self._passes = ThreadPoolExecutor(

@@ -65,11 +65,10 @@ def engine_slots(engine: Any, device: str, configured: int) -> int:
     (``concurrent_calls``, default 1); always 1 on an accelerator, where calls
     queue on the device anyway.
 
-    An engine asks for more slots when its calls only queue forward passes on a pool
-    of its own sized to the cores (ONNX int8, one text per pass:
-    ``sie.engines.onnx.runtime.Sessions``): extra calls add no thread that competes for
-    a core, they keep that pool fed while a finished call's results go back through
-    the event loop (docs/performance.md "Engine slots for one-text passes")."""
+    An engine asks for more slots when one call per core keeps every core busy without
+    intra-op threads (ONNX int8, one text per pass, each call's passes on its own
+    thread: ``sie.engines.onnx.runtime.Sessions``; docs/performance.md "Passes on the
+    calling thread")."""
     if not device.startswith("cpu"):
         return 1
     allowed = int(getattr(engine, "concurrent_calls", 1) or 1)

@@ -1,0 +1,111 @@
+"""``sie.http.server.serve_app`` over real sockets: a sized response's head and body
+leave in one write, a streamed response's head leaves at once (docs/performance.md
+"One write per response")."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+
+from sie.http.server import serve_app
+
+pytestmark = pytest.mark.anyio
+
+#: What the app does between starting its response and sending the body (s): long
+#: enough that two writes would reach the client as two reads.
+GAP_S = 0.3
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """``/sized``: a content-length response whose body follows ``GAP_S`` after its
+    start; ``/stream``: a chunked one whose first chunk waits for ``/go``; ``/empty``:
+    204; ``/broken``: starts a sized response and fails before its body."""
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    path = scope["path"]
+    if path == "/go":
+        app.go.set()  # type: ignore[attr-defined]
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    if path == "/empty":
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    sized = path in ("/sized", "/broken")
+    headers = [(b"content-length", b"5")] if sized else []
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    if path == "/broken":
+        raise RuntimeError("the app failed after starting its response")
+    if sized:
+        await anyio.sleep(GAP_S)
+    else:
+        await app.go.wait()  # type: ignore[attr-defined]
+    await send({"type": "http.response.body", "body": b"hello"})
+
+
+@pytest.fixture
+async def port() -> AsyncIterator[int]:
+    app.go = anyio.Event()  # type: ignore[attr-defined]
+    shutdown = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        bound = await tg.start(serve_app, app, "127.0.0.1", 0, shutdown)
+        yield bound
+        shutdown.set()
+
+
+def _request(port: int, path: str, method: str = "GET") -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+    return sock
+
+
+async def _first_read(sock: socket.socket) -> bytes:
+    return await anyio.to_thread.run_sync(sock.recv, 65536)
+
+
+async def test_a_sized_responses_head_and_body_arrive_in_one_read(port: int) -> None:
+    sock = _request(port, "/sized")
+    with sock:
+        first = await _first_read(sock)
+    assert first.startswith(b"HTTP/1.1 200")
+    assert first.endswith(b"\r\n\r\nhello")  # not the head alone, GAP_S before the body
+
+
+async def test_a_streamed_responses_head_arrives_before_its_body(port: int) -> None:
+    sock = _request(port, "/stream")
+    with sock:
+        first = await _first_read(sock)  # the body waits for /go: only the head is out
+        assert first.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in first.lower()
+        assert first.endswith(b"\r\n\r\n")
+        _request(port, "/go").close()
+        rest = await _first_read(sock)
+    assert b"hello" in rest
+
+
+async def test_empty_and_head_responses_still_send_their_head(port: int) -> None:
+    for path, method, status in (("/empty", "GET", b"204"), ("/sized", "HEAD", b"200")):
+        sock = _request(port, path, method)
+        with sock:
+            first = await _first_read(sock)
+        assert first.startswith(b"HTTP/1.1 " + status) and first.endswith(b"\r\n\r\n")
+
+
+async def test_a_response_that_fails_after_its_start_closes_the_connection(port: int) -> None:
+    sock = _request(port, "/broken")
+    with sock:
+        got = b""
+        with anyio.fail_after(5):
+            while chunk := await _first_read(sock):  # ends: the server closes it
+                got += chunk
+    assert b"hello" not in got  # no body was sent; the client is not left waiting
+    sock = _request(port, "/sized")  # and the server goes on serving
+    with sock:
+        assert (await _first_read(sock)).endswith(b"hello")
