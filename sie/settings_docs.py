@@ -96,7 +96,7 @@ ENV_DOCS: dict[str, EnvDoc] = {
     "SIE_MAX_BATCH_WAIT_MS": EnvDoc("longest wait for batch company, milliseconds"),
     "SIE_MAX_CONCURRENT_REQUESTS": EnvDoc("work items in flight per worker"),
     "SIE_ENGINE_CONCURRENCY": EnvDoc(
-        "worker, CPU: engine calls of one model run at once (for engines that allow it: sentence-transformers, cross-encoders, ONNX); each gets `cores // calls running` torch threads; an engine may ask for more (ONNX int8: two per core, its passes bounded by its own pool of `cores` threads)"
+        "worker, CPU: engine calls of one model run at once (for engines that allow it: sentence-transformers, cross-encoders, ONNX); each gets `cores // calls running` torch threads; an engine may ask for more (ONNX int8: one per core, each running its passes on its own thread)"
     ),
     "SIE_MEMORY_BUDGET_BYTES": EnvDoc(
         "worker: bytes of loaded models; over it the least recently used idle model is unloaded (`--preload` models never)"
