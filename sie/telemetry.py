@@ -14,9 +14,27 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["LANE_LABELS", "METRICS", "LaneGauges", "LaneSource", "Metrics", "tracer"]
+__all__ = [
+    "LANE_LABELS",
+    "METRICS",
+    "LaneGauges",
+    "LaneSource",
+    "Metrics",
+    "tracer",
+    "tracing_active",
+]
 
 tracer = trace.get_tracer("sie")
+
+
+def tracing_active() -> bool:
+    """Whether a tracer provider is installed (``sie.tracing.configure_tracing``, or the
+    embedding program's own): False while spans can only be no-ops, so a request
+    without trace headers may skip building them (docs/observability.md "Traces")."""
+    return not isinstance(
+        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
+    )
+
 
 #: Labels of every per-lane series (architecture §8: the physical lane).
 LANE_LABELS = ("pool", "machine_profile", "bundle")

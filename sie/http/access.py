@@ -7,7 +7,8 @@ For every HTTP request this middleware:
   ``gateway.request`` span, current while the request is handled, so the spans the
   gateway opens (``gateway.publish``, ``gateway.proxy_chat``) and the work items it
   publishes join the caller's trace. Without trace export the span records nothing but
-  still carries the inbound context;
+  still carries the inbound context; with neither export nor trace headers no span is
+  built at all (``sie.telemetry.tracing_active``: it could only be a no-op);
 - answers ``X-SIE-Trace-Id`` (32 hex digits) whenever the request belongs to a trace;
 - writes one access line at INFO on the logger ``sie.access`` for each ``/v1/`` request
   (other paths, e.g. probes and ``/metrics``, at DEBUG): request id, trace id, method,
@@ -29,7 +30,7 @@ from typing import Any
 from opentelemetry import propagate, trace
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sie.telemetry import tracer
+from sie.telemetry import tracer, tracing_active
 
 __all__ = ["AccessLog", "trace_id_of"]
 
@@ -84,6 +85,9 @@ class AccessLog:
         started = time.monotonic()
         carrier = _trace_headers(scope)
         path = str(scope.get("path", ""))
+        if not carrier and not tracing_active():  # no trace to join or record
+            await self._untraced(scope, receive, send, path, started)
+            return
         status = 500  # unless a response starts
         with tracer.start_as_current_span(
             "gateway.request",
@@ -108,6 +112,24 @@ class AccessLog:
             finally:
                 span.set_attribute("http.response.status_code", status)
                 self._log(scope, path, status, time.monotonic() - started, trace_id)
+
+    async def _untraced(
+        self, scope: Scope, receive: Receive, send: Send, path: str, started: float
+    ) -> None:
+        """The request without a span: no trace id, the same access line."""
+        scope.setdefault("state", {})["trace_id"] = None
+        status = 500  # unless a response starts
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            self._log(scope, path, status, time.monotonic() - started, None)
 
     def _log(
         self, scope: Scope, path: str, status: int, seconds: float, trace_id: str | None

@@ -11,7 +11,7 @@ from sie.core.errors import Backpressure, SieError
 from sie.roles.gateway.lanes import Lane, LaneTelemetry
 from sie.roles.gateway.pending import StreamPending
 from sie.roles.gateway.work import YIELD_EVERY
-from sie.telemetry import tracer
+from sie.telemetry import tracer, tracing_active
 from sie.transport.base import Bus, NoStreamError, StreamFullError
 
 __all__ = ["PUBLISH_CONCURRENCY", "PublishSpan", "WorkPublisher"]
@@ -100,13 +100,18 @@ class PublishSpan:
     context through unchanged."""
 
     def __init__(self, endpoint: str, model: str, pool: str) -> None:
+        self._open = True
+        self.traceparent: str | None = None
+        self.tracestate: str | None = None
+        if not tracing_active() and not trace.get_current_span().get_span_context().is_valid:
+            self.span: trace.Span = trace.INVALID_SPAN  # no trace to join or record
+            return
         attributes = {"sie.endpoint": endpoint, "sie.model": model, "sie.pool": pool}
         self.span = tracer.start_span("gateway.publish", attributes=attributes)
         carrier: dict[str, str] = {}
         propagate.inject(carrier, context=trace.set_span_in_context(self.span))
         self.traceparent = carrier.get("traceparent")
         self.tracestate = carrier.get("tracestate")
-        self._open = True
 
     def end(self, publish_ms: float | None = None) -> None:
         """End the span (once; later calls do nothing)."""
