@@ -1,10 +1,14 @@
 """``sie.http.server.serve_app`` over real sockets: a sized response's head and body
 leave in one write, a streamed response's head leaves at once (docs/performance.md
-"One write per response")."""
+"One write per response"); a connection whose client left while requests it had
+pipelined waited is freed (docs/security.md "Limits")."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import socket
+import struct
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +23,9 @@ pytestmark = pytest.mark.anyio
 #: enough that two writes would reach the client as two reads.
 GAP_S = 0.3
 
+#: The server's idle (keep-alive) timeout in these tests (s).
+IDLE_S = 1.0
+
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """``/sized``: a content-length response whose body follows ``GAP_S`` after its
@@ -30,6 +37,14 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "lifespan.shutdown.complete"})
         return
     path = scope["path"]
+    if path == "/slow":  # reads its body, answers after a while: the client may be gone
+        app.slow += 1  # type: ignore[attr-defined]
+        while (await receive()).get("more_body"):
+            pass
+        await anyio.sleep(0.2)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"x" * 100_000})
+        return
     if path == "/go":
         app.go.set()  # type: ignore[attr-defined]
         await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -54,9 +69,12 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 @pytest.fixture
 async def port() -> AsyncIterator[int]:
     app.go = anyio.Event()  # type: ignore[attr-defined]
+    app.slow = 0  # type: ignore[attr-defined]
     shutdown = anyio.Event()
     async with anyio.create_task_group() as tg:
-        bound = await tg.start(serve_app, app, "127.0.0.1", 0, shutdown)
+        # a short idle timeout: a closed connection's last tasks end within it
+        serve = functools.partial(serve_app, header_timeout_s=IDLE_S)
+        bound = await tg.start(serve, app, "127.0.0.1", 0, shutdown)
         yield bound
         shutdown.set()
 
@@ -107,5 +125,38 @@ async def test_a_response_that_fails_after_its_start_closes_the_connection(port:
                 got += chunk
     assert b"hello" not in got  # no body was sent; the client is not left waiting
     sock = _request(port, "/sized")  # and the server goes on serving
+    with sock:
+        assert (await _first_read(sock)).endswith(b"hello")
+
+
+def _connections() -> int:
+    """Connections hypercorn is serving in this process (one task each)."""
+    return sum(
+        1 for t in asyncio.all_tasks() if t.get_coro().__qualname__.endswith("_server_callback")
+    )
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["close", "reset"])
+async def test_a_client_that_leaves_with_requests_pipelined_is_freed(
+    port: int, reset: bool
+) -> None:
+    """Ten requests in one write, then a close: the connection's reader parks on the
+    second while the first is answered, and must not stay parked once the client is
+    gone; the requests nobody will read are not all run."""
+    body = b"x" * 1000
+    head = f"POST /slow HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body)}\r\n\r\n"
+    for _ in range(4):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        sock.sendall((head.encode() + body) * 10)
+        if reset:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+    for _ in range(int(IDLE_S * 20) + 100):  # each connection ends (its idle timeout)
+        if _connections() == 0:
+            break
+        await anyio.sleep(0.05)
+    assert _connections() == 0
+    assert app.slow < 40  # type: ignore[attr-defined]  # not every request ran
+    sock = _request(port, "/sized")  # the server goes on serving
     with sock:
         assert (await _first_read(sock)).endswith(b"hello")
