@@ -221,7 +221,9 @@ async def serve_app(
     ``header_timeout_s``: a connection that has not sent a whole request line and
     headers this long after it opened or finished its last response is closed
     (hypercorn's idle timer runs until the headers are in; docs/security.md "Limits").
-    Request lines and header blocks over 16 KiB are refused by hypercorn (h11).
+    hypercorn (h11) answers 431 and closes when more than 16 KiB of a request line and
+    headers is buffered incomplete, or when they do not fit one 64 KiB read
+    (docs/security.md "Limits").
     """
     sock = bind_socket(host, port)
     bound = sock.getsockname()[1]
