@@ -28,7 +28,7 @@ engine calls of this graph in flight, as the worker does for torch
   instead of for its call to go back through the event loop. With as many calls in
   flight as cores, each call's passes run on its own thread: a pass pool fed one pass
   at a time cost two hand-offs of the GIL per pass (the calling thread's and the pool
-  thread's), 10-15% of the served throughput (docs/performance.md "Passes on the
+  thread's): about 4% of the served throughput at 32 x 1 (docs/performance.md "Passes on the
   calling thread"). A lone call still spreads its passes over every core. Intra-op
   threads cost more than they save on a small pass. Measured on 2 cores (MiniLM, one
   pass): float32 gains from a second thread only from about 24 tokens (1.3x at 37,
