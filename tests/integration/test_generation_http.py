@@ -312,12 +312,19 @@ def test_generation_is_counted_in_the_metrics(
         >= made + usage["completion_tokens"]
     )
     assert value("sie_generation_prompt_tokens_total", model=LLM) >= prompt + usage["prompt_tokens"]
-    lines = [rec for rec in caplog.records if rec.name == "sie.access"]
-    chat_lines = [
-        rec
-        for rec in lines
-        if getattr(rec, "path", "") == "/v1/chat/completions" and rec.status == 200  # type: ignore[attr-defined]
-    ]
+
+    def ok_chat_lines() -> list[Any]:
+        return [
+            rec
+            for rec in caplog.records
+            if rec.name == "sie.access"
+            and getattr(rec, "path", "") == "/v1/chat/completions"
+            and rec.status == 200  # type: ignore[attr-defined]
+        ]
+
+    # the access line is written once the handler (which counts) has returned
+    wait_for(lambda: len(ok_chat_lines()) >= 2, 10)
+    chat_lines = ok_chat_lines()
     assert len(chat_lines) >= 2 and all(rec.model == LLM for rec in chat_lines)  # type: ignore[attr-defined]
     # the lines are written as each response ends, in either order under load
     ids = {rec.request_id for rec in chat_lines}  # type: ignore[attr-defined]

@@ -275,3 +275,37 @@ def test_int8_sessions_leave_the_skip_layer_norm_fusion_off(tmp_path: Path) -> N
 
     assert "SkipLayerNormalization" in fused_ops(())
     assert "SkipLayerNormalization" not in fused_ops(INT8_DISABLED_OPTIMIZERS)
+
+
+def test_a_counted_text_is_tokenised_once_for_its_pass(loaded: Any) -> None:
+    """``counts`` keeps the calling thread's encodings for its next ``passes``: the same
+    feeds as a fresh tokenisation, with one tokenizer call for both."""
+    inputs, _ = loaded
+    texts = ["A short one.", " ".join(WORDS * 40), "Another, longer text of a few more words."]
+    chunks = [[i] for i in range(len(texts))]
+    fresh = inputs.passes(texts, chunks)
+    calls: list[int] = []
+    real = inputs._single
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def encode_batch(self, batch: list[str]) -> Any:
+            calls.append(len(batch))
+            return real.encode_batch(batch)
+
+    inputs._single = Counting()
+    try:
+        counts = inputs.counts(texts)
+        again = inputs.passes(texts, chunks)
+        assert calls == [3]  # counts tokenised; passes reused its encodings
+        assert counts == [int(f["input_ids"].size) for f in fresh]
+        assert counts[1] == inputs.window  # truncated to the window, as before
+        for a, b in zip(fresh, again, strict=True):
+            assert a.keys() == b.keys()
+            assert all(np.array_equal(a[k], b[k]) for k in a)
+        inputs.passes(texts, chunks)  # used once: the next call tokenises again
+        assert calls == [3, 3]
+    finally:
+        inputs._single = real

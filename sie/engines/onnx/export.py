@@ -13,7 +13,8 @@ Where the graph comes from, in order:
 3. else ``export_graph``: ``torch.onnx.export`` (the TorchScript exporter,
    ``dynamo=False``) of the Hugging Face module, inputs ``input_ids`` /
    ``attention_mask`` / ``token_type_ids`` (int64 ``[batch, seq]``, both axes dynamic),
-   one float32 output (``token_embeddings`` ``[batch, seq, hidden]`` for an encoder).
+   one float32 output (``token_embeddings`` ``[batch, seq, hidden]`` for an encoder),
+   then its shape arithmetic folded into constants (``sie.engines.onnx.simplify``).
    Written to a temporary file and renamed: a crash or a concurrent loader never
    leaves a half-written graph behind.
 
@@ -55,8 +56,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Bumped when the export itself changes (inputs, outputs, options): old caches are unused.
-EXPORTER_VERSION = 1
+#: Bumped when the export itself changes (inputs, outputs, options, the rewrites of
+#: ``sie.engines.onnx.simplify``): old caches are unused.
+EXPORTER_VERSION = 2
 #: The ONNX opset the graphs are exported with.
 OPSET = 17
 #: Where a weights directory may ship its own graph (relative paths, first found wins).
@@ -232,6 +234,7 @@ def export_graph(
                 )
         finally:
             hf_log.setLevel(level)
+        _simplify_file(tmp)
 
     try:
         atomic_write(target, write)
@@ -248,3 +251,15 @@ def export_graph(
     )
     log.info("exported %s to ONNX in %.1fs", target.parent.name, secs)
     return secs
+
+
+def _simplify_file(path: Path) -> None:
+    """Rewrite the exported graph at ``path`` with ``simplify_graph`` (same outputs)."""
+    import onnx
+
+    from sie.engines.onnx.simplify import simplify_graph
+
+    model, removed = simplify_graph(onnx.load(str(path)))
+    if removed:
+        onnx.save(model, str(path))
+        log.info("export: %d nodes of shape arithmetic folded", removed)

@@ -53,7 +53,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -179,6 +179,8 @@ class TextInputs:
         self._counter = counter
         self._batcher = batcher
         self._single = single
+        #: per thread: the encodings of the texts ``counts`` saw last (for ``passes``)
+        self._recent = threading.local()
 
     def _lowered(self, texts: Texts) -> list[Any]:
         """``texts`` as the tokenizer takes them (lower-cased when the pipeline says so)."""
@@ -200,10 +202,19 @@ class TextInputs:
         """The graph's inputs for each chunk of ``texts`` (indices): ``features`` of the
         chunk's texts. When every chunk is one text (int8: one text per forward pass) all
         texts are tokenised in one call, each unpadded: one trip out of and back into
-        the GIL for the whole engine call instead of one per text."""
+        the GIL for the whole engine call instead of one per text; texts this thread's
+        last ``counts`` tokenised are not tokenised again."""
         if not all(len(c) == 1 for c in chunks):
             return [self.features([texts[i] for i in chunk]) for chunk in chunks]
-        encs = self._single.encode_batch(self._lowered([texts[c[0]] for c in chunks]))
+        ones = [texts[c[0]] for c in chunks]
+        known: dict[str, Any] = getattr(self._recent, "encodings", None) or {}
+        self._recent.encodings = None
+        encs: list[Any] = [known.get(t) for t in ones]
+        missing = [i for i, e in enumerate(encs) if e is None]
+        if missing:
+            fresh = self._single.encode_batch(self._lowered([ones[i] for i in missing]))
+            for i, e in zip(missing, fresh, strict=True):
+                encs[i] = e
         out: list[Feeds] = []
         for e in encs:
             fields = {
@@ -215,7 +226,16 @@ class TextInputs:
         return out
 
     def counts(self, texts: Texts) -> list[int]:
-        """Each text's (or pair's) token count after truncation to the window (>= 1)."""
+        """Each text's (or pair's) token count after truncation to the window (>= 1).
+
+        Single texts are tokenised as ``passes`` tokenises them (truncated to the
+        window, unpadded) and the encodings kept for the calling thread's next
+        ``passes``: an engine call counts its texts in ``prepare`` and then encodes the
+        same texts, so each is tokenised once, not twice."""
+        if texts and all(isinstance(t, str) for t in texts):
+            encs = self._single.encode_batch(self._lowered(texts))
+            self._recent.encodings = dict(zip(cast(Sequence[str], texts), encs, strict=True))
+            return [max(1, len(e.ids)) for e in encs]
         encs = self._counter.encode_batch(self._lowered(texts))
         return [max(1, min(self.window, len(e.ids))) for e in encs]
 

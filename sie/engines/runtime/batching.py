@@ -10,12 +10,20 @@ starts with the request after the last one served; within a request, first come 
 served. So a one-item request rides in the next batch however large the requests
 queued before it, and no request starves. Items are grouped by a config
 key (output types, instruction, is_query, options); one engine call runs per
-group on a worker thread. Up to ``limiter.total_tokens`` batches run at once (the
-model's engine slots, see ``sie.engines.runtime.threads``); a batch is formed only when a
-slot is free, so while every slot is busy new items accumulate and leave together
-as soon as one ends (continuous batching). Cancelled submitters' items are dropped
-before they reach the engine. Cancelling ``run`` waits for the engine calls in
-flight (a thread cannot be interrupted), so the model may be unloaded after it.
+group.
+
+Engine calls run on the model's lanes: ``limiter.total_tokens`` threads (the model's
+engine slots, see ``sie.engines.runtime.threads``), each of which forms a batch,
+runs it, hands the results to the event loop and at once forms the next one from
+what queued meanwhile (continuous batching). A lane never waits for the event loop
+between two calls: on a loaded machine the loop's turnaround (results out, the next
+batch in) left a core idle for a quarter of the time (docs/performance.md "Lanes
+form their own batches"). Only one lane forms a batch at a time, and while every lane
+is busy new items accumulate and leave together as soon as one ends. Cancelled
+submitters' items are dropped before they reach the engine. Cancelling ``run`` waits
+for the engine calls in flight (a thread cannot be interrupted), so the model may be
+unloaded after it; items still queued then stay queued (their submitters are
+cancelled with the model).
 
 Each engine call runs in a ``worker.run_batch`` span (architecture §15.1; attributes
 ``sie.model``, ``sie.adapter``, ``sie.op``, ``sie.batch_id``, ``sie.batch_size``):
@@ -25,19 +33,24 @@ distinct ones (docs/observability.md "Traces").
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import anyio
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from sie.telemetry import tracer
+from sie.telemetry import tracer, tracing_active
 
 __all__ = ["BatchStats", "ItemFailure", "TokenBudgetBatcher", "plan_padding_chunks"]
+
+log = logging.getLogger(__name__)
 
 P = TypeVar("P")
 R = TypeVar("R")
@@ -49,7 +62,8 @@ class _Pending(Generic[P, R]):
     cost: int
     key: Hashable
     enqueued_at: float
-    done: anyio.Event = field(default_factory=anyio.Event)
+    #: resolved on the event loop once the item's engine call ended
+    done: asyncio.Future[None]
     result: R | None = None
     error: BaseException | None = None
     cancelled: bool = False
@@ -83,15 +97,18 @@ class TokenBudgetBatcher(Generic[P, R]):
 
     Args:
         run_batch: ``(key, payloads) -> results`` (same length and order); runs on
-            a worker thread; may raise (every item of the group gets the error), or
-            fail single items by returning an ``ItemFailure`` in their place.
+            one of the model's lane threads; may raise (every item of the group gets
+            the error), or fail single items by returning an ``ItemFailure`` in their
+            place.
         max_batch_tokens: cost budget per batch (sum of item costs; >= 1 item always).
         max_batch_requests: item cap per batch.
         max_wait_s: longest time the oldest item waits for company (seconds).
         coalesce_s: dispatch early when no new item arrives for this long (seconds).
         limiter: the model's engine slots: its capacity is how many engine calls may
-            run at once (1 serialises them); default capacity 1.
-        on_batch: ``(items, cost, seconds)`` after each successful engine call.
+            run at once, one lane thread each (1 serialises them); default capacity 1.
+            Read when ``run`` starts.
+        on_batch: ``(items, cost, seconds)`` after each successful engine call, on the
+            event loop.
     """
 
     def __init__(
@@ -116,11 +133,17 @@ class TokenBudgetBatcher(Generic[P, R]):
         self.coalesce_s = coalesce_s
         self._limiter = limiter or anyio.CapacityLimiter(1)
         self._on_batch = on_batch
-        #: owner -> its queued items (FIFO); owners in round-robin order
+        #: owner -> its queued items (FIFO); owners in round-robin order. Guarded by
+        #: ``_lock``: the event loop appends, the lanes take.
         self._owners: OrderedDict[Hashable, deque[_Pending[P, R]]] = OrderedDict()
         self._count = 0  # items queued (cancelled ones until they are skipped)
         self._cost = 0
-        self._arrived = anyio.Event()
+        self._arrivals = 0  # items ever queued: a lane waiting for company sees news
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._forming = False  # a lane is forming a batch (the others wait their turn)
+        self._closed = False
+        self._waiting = 0  # lanes waiting on ``_wake``
 
     @property
     def queued(self) -> int:
@@ -140,19 +163,23 @@ class TokenBudgetBatcher(Generic[P, R]):
             Whatever ``run_batch`` raised for this item's group.
         """
         hash(key)  # an unhashable key fails here, for this caller only (TypeError)
-        item: _Pending[P, R] = _Pending(payload, max(1, cost), key, time.monotonic())
-        item.context = otel_context.get_current()
         who: Hashable = object() if owner is None else owner  # None: an owner of its own
         hash(who)
-        queue = self._owners.get(who)
-        if queue is None:
-            queue = self._owners[who] = deque()
-        queue.append(item)
-        self._count += 1
-        self._cost += item.cost
-        self._arrived.set()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        item: _Pending[P, R] = _Pending(payload, max(1, cost), key, time.monotonic(), done)
+        item.context = otel_context.get_current()
+        with self._lock:
+            queue = self._owners.get(who)
+            if queue is None:
+                queue = self._owners[who] = deque()
+            queue.append(item)
+            self._count += 1
+            self._cost += item.cost
+            self._arrivals += 1
+            if self._waiting:
+                self._wake.notify_all()  # the forming lane, or an idle one
         try:
-            await item.done.wait()
+            await done
         except BaseException:
             item.cancelled = True
             raise
@@ -160,13 +187,6 @@ class TokenBudgetBatcher(Generic[P, R]):
             raise item.error
         stats = BatchStats(item.started_at - item.enqueued_at, item.inference_s, item.batch_size)
         return item.result, stats  # type: ignore[return-value]
-
-    async def _wait_arrival(self, timeout_s: float) -> bool:
-        self._arrived = anyio.Event()
-        with anyio.move_on_after(timeout_s):
-            await self._arrived.wait()
-            return True
-        return False
 
     def _pop(self, owner: Hashable) -> _Pending[P, R]:
         queue = self._owners[owner]
@@ -182,7 +202,7 @@ class TokenBudgetBatcher(Generic[P, R]):
 
     def _take(self) -> list[_Pending[P, R]]:
         """Round-robin over owners, one item each in turn, until the batch is full; the
-        next batch starts with the owner after the last one served."""
+        next batch starts with the owner after the last one served. Under ``_lock``."""
         batch: list[_Pending[P, R]] = []
         cost = 0
         while self._owners and len(batch) < self.max_batch_requests:
@@ -214,52 +234,71 @@ class TokenBudgetBatcher(Generic[P, R]):
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """The batching loop; run it in a task group until cancelled. On cancel it
-        returns once the engine calls in flight have finished."""
-        slots = anyio.Semaphore(max(1, int(self._limiter.total_tokens)))
-        async with anyio.create_task_group() as calls:
+        """Start the lanes and run until cancelled; on cancel, return once the engine
+        calls in flight have finished."""
+        loop = asyncio.get_running_loop()
+        lanes = max(1, int(self._limiter.total_tokens))
+        threads = anyio.CapacityLimiter(lanes)  # the lanes take none of anyio's default threads
+        with self._lock:
+            self._closed = False
+        async with anyio.create_task_group() as tg:
+            for _ in range(lanes):
+                tg.start_soon(self._lane_task, loop, threads)
             task_status.started()
-            while True:
-                while not self._owners:
-                    self._arrived = anyio.Event()
-                    await self._arrived.wait()
-                await slots.acquire()  # form the batch only once an engine slot is free
-                try:
-                    batch = await self._form()
-                except BaseException:
-                    slots.release()
-                    raise
-                if not batch:
-                    slots.release()
-                    continue
-                calls.start_soon(self._execute_then_release, batch, slots)
+            try:
+                await anyio.sleep_forever()
+            finally:
+                with self._lock:
+                    self._closed = True
+                    self._wake.notify_all()
 
-    async def _form(self) -> list[_Pending[P, R]]:
+    async def _lane_task(
+        self, loop: asyncio.AbstractEventLoop, threads: anyio.CapacityLimiter
+    ) -> None:
+        # not abandoned on cancel: the task waits for the lane's engine call in flight
+        await anyio.to_thread.run_sync(self._lane, loop, limiter=threads)
+
+    def _wait(self, timeout: float | None = None) -> None:
+        self._waiting += 1
+        try:
+            self._wake.wait(timeout)
+        finally:
+            self._waiting -= 1
+
+    def _lane(self, loop: asyncio.AbstractEventLoop) -> None:
+        """One lane: form a batch, run it, settle it on the loop, again; until closed."""
+        while True:
+            with self._lock:
+                while not self._closed and (self._forming or not self._owners):
+                    self._wait()
+                if self._closed:
+                    return
+                self._forming = True
+                try:
+                    batch = self._form()
+                finally:
+                    self._forming = False
+                    if self._owners and self._waiting:
+                        self._wake.notify()  # the next lane may form from what is left
+            if batch:
+                self._execute(batch, loop)
+
+    def _form(self) -> list[_Pending[P, R]]:
         """Wait for company (``max_wait_s`` after the oldest item, ``coalesce_s`` of
-        quiet, or a full budget), then take the batch."""
-        if not self._owners:
-            return []
+        quiet, or a full budget), then take the batch. Under ``_lock``."""
         deadline = self._oldest() + self.max_wait_s
-        while not self._full():
+        while not self._full() and not self._closed:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not await self._wait_arrival(min(self.coalesce_s, remaining)):
+            if remaining <= 0:
+                break
+            seen = self._arrivals
+            self._wait(min(self.coalesce_s, remaining))
+            if self._arrivals == seen:  # quiet for coalesce_s
                 break
         return self._take()
 
-    async def _execute_then_release(
-        self, batch: list[_Pending[P, R]], slots: anyio.Semaphore
-    ) -> None:
-        try:
-            await self._execute(batch)
-        except Exception as exc:  # never let one batch stop the loop
-            for p in batch:
-                if not p.done.is_set():
-                    p.error = exc
-                    p.done.set()
-        finally:
-            slots.release()
-
-    async def _execute(self, batch: list[_Pending[P, R]]) -> None:
+    def _execute(self, batch: list[_Pending[P, R]], loop: asyncio.AbstractEventLoop) -> None:
+        """Run the batch's groups on this lane and hand each group's outcome to the loop."""
         groups: dict[Hashable, list[_Pending[P, R]]] = {}
         for p in batch:
             groups.setdefault(p.key, []).append(p)
@@ -270,41 +309,66 @@ class TokenBudgetBatcher(Generic[P, R]):
             for p in items:
                 p.started_at = start
             self._batches += 1
-            parent, links = fan_in([p.context for p in items])
-            op = key[0] if isinstance(key, tuple) and key else key
-            attributes: dict[str, str | int] = {
-                **self._span_attributes,
-                "sie.op": str(op),
-                "sie.batch_id": self._batches,
-                "sie.batch_size": len(items),
-            }
+            outcome: Sequence[R] | BaseException
             try:
-                with tracer.start_as_current_span(
-                    "worker.run_batch", context=parent, links=links, attributes=attributes
-                ):
-                    results = await anyio.to_thread.run_sync(
-                        self._run_batch, key, [p.payload for p in items], limiter=self._limiter
-                    )
-                if len(results) != len(items):
+                outcome = self._call(key, items)
+                if len(outcome) != len(items):
                     raise RuntimeError(
-                        f"engine returned {len(results)} results for {len(items)} items"
+                        f"engine returned {len(outcome)} results for {len(items)} items"
                     )
-            except Exception as exc:
-                for p in items:
-                    p.error = exc
-                    p.done.set()
-                continue
-            elapsed = time.monotonic() - start
-            if self._on_batch is not None:
+            except Exception as exc:  # every item of the group gets it
+                outcome = exc
+            try:
+                loop.call_soon_threadsafe(self._settle, items, outcome, time.monotonic() - start)
+            except RuntimeError:  # the loop is closed: nobody waits for these any more
+                log.debug("engine call ended after its event loop closed")
+
+    def _call(self, key: Hashable, items: list[_Pending[P, R]]) -> Sequence[R]:
+        payloads = [p.payload for p in items]
+        contexts = [p.context for p in items]
+        if not tracing_active() and not any(_has_span(c) for c in contexts):
+            return self._run_batch(key, payloads)
+        parent, links = fan_in(contexts)
+        op = key[0] if isinstance(key, tuple) and key else key
+        attributes: dict[str, str | int] = {
+            **self._span_attributes,
+            "sie.op": str(op),
+            "sie.batch_id": self._batches,
+            "sie.batch_size": len(items),
+        }
+        with tracer.start_as_current_span(
+            "worker.run_batch", context=parent, links=links, attributes=attributes
+        ):
+            return self._run_batch(key, payloads)
+
+    def _settle(
+        self, items: list[_Pending[P, R]], outcome: Sequence[R] | BaseException, elapsed: float
+    ) -> None:
+        """On the event loop: give each submitter its result or error."""
+        if isinstance(outcome, BaseException):
+            for p in items:
+                p.error = outcome
+                if not p.done.done():
+                    p.done.set_result(None)
+            return
+        if self._on_batch is not None:
+            try:
                 self._on_batch(len(items), sum(p.cost for p in items), elapsed)
-            for p, r in zip(items, results, strict=True):
-                if isinstance(r, ItemFailure):
-                    p.error = r.error
-                else:
-                    p.result = r
-                p.inference_s = elapsed
-                p.batch_size = len(items)
-                p.done.set()
+            except Exception as exc:  # a metrics hook must not lose the batch's results
+                log.warning("on_batch hook failed: %s", exc)
+        for p, r in zip(items, outcome, strict=True):
+            if isinstance(r, ItemFailure):
+                p.error = r.error
+            else:
+                p.result = r
+            p.inference_s = elapsed
+            p.batch_size = len(items)
+            if not p.done.done():
+                p.done.set_result(None)
+
+
+def _has_span(ctx: otel_context.Context | None) -> bool:
+    return ctx is not None and trace.get_current_span(ctx).get_span_context().is_valid
 
 
 def fan_in(
