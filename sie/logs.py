@@ -2,16 +2,50 @@
 one JSON object per line (``timestamp``, ``level``, ``logger``, ``message`` and any
 fields the line carries, e.g. the access line's ``request_id`` and ``trace_id``),
 through ``python-json-logger``. Libraries that log every request (httpx) are kept at
-WARNING."""
+WARNING. asyncio's "socket.send() raised exception." (one line per write to a
+connection its client has left) is written at most once a minute, with the count of
+the lines dropped since (``Throttle``): a client that pipelines requests and leaves
+would otherwise write a line per answer (docs/security.md "Requests")."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 
 from pythonjsonlogger.json import JsonFormatter
 
-__all__ = ["configure_logging"]
+__all__ = ["CONNECTION_LOST_WRITE", "Throttle", "configure_logging"]
+
+#: What asyncio logs (WARNING) for each write to a connection already lost.
+CONNECTION_LOST_WRITE = "socket.send() raised exception."
+
+
+class Throttle(logging.Filter):
+    """Lets ``message`` through at most once per ``every_s`` seconds; the line that
+    passes says how many were dropped since the last one. Other lines pass."""
+
+    def __init__(self, message: str, every_s: float = 60.0) -> None:
+        super().__init__()
+        self.message = message
+        self.every_s = every_s
+        self.dropped = 0
+        self._last: float | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != self.message:
+            return True
+        now = time.monotonic()
+        if self._last is not None and now - self._last < self.every_s:
+            self.dropped += 1
+            return False
+        if self.dropped:
+            record.msg = f"{self.message} ({self.dropped} more since the last one)"
+            record.args = ()
+        self._last = now
+        self.dropped = 0
+        return True
+
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -31,5 +65,8 @@ def configure_logging(level: str, json_lines: bool = False) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    lost = logging.getLogger("asyncio")
+    lost.filters[:] = [f for f in lost.filters if not isinstance(f, Throttle)]
+    lost.addFilter(Throttle(CONNECTION_LOST_WRITE))
     # httpx logs every request at INFO: the config poller would write a line per poll
     logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))

@@ -18,6 +18,11 @@ and gives the body a deadline (``SIE_HTTP_BODY_TIMEOUT_S``):
   Waiting bodies are not read: the server stops reading their sockets and TCP holds
   the senders back. Small bodies never wait.
 
+A request that carries both ``Transfer-Encoding`` and ``Content-Length`` (its body's
+end is ambiguous: the shape of request smuggling behind a proxy that reads the other
+header) is answered 400 ``INVALID_INPUT`` (field ``content-length``) with
+``Connection: close``, and its connection ends with the answer.
+
 A request answered before its body was read (413, 415, this 503) gets its answer at
 once, but the answer's end is held while the rest of the body is read and dropped (up
 to ``DRAIN_BYTES``, within the deadline, under a large-body slot when large): the server closes a connection once an
@@ -38,7 +43,13 @@ import anyio
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sie.core.errors import PayloadTooLarge, RequestTimeout, ResourceExhausted, SieError
+from sie.core.errors import (
+    InvalidInput,
+    PayloadTooLarge,
+    RequestTimeout,
+    ResourceExhausted,
+    SieError,
+)
 
 __all__ = ["DRAIN_BYTES", "LARGE_BODY_BYTES", "BodyBudget", "RequestLimits"]
 
@@ -166,7 +177,11 @@ class RequestLimits:
             await send(message)
 
         try:
-            if declared and declared > budget.limit_bytes:  # could never fit: no retry
+            if _framing_conflict(scope):
+                refusal = self.respond(scope, _conflicting_framing())
+                refusal.headers["connection"] = "close"  # what follows cannot be trusted
+                await refusal(scope, receive, holding_send)
+            elif declared and declared > budget.limit_bytes:  # could never fit: no retry
                 await self.respond(scope, _too_large(declared, budget.limit_bytes))(
                     scope, receive, holding_send
                 )
@@ -202,6 +217,21 @@ class RequestLimits:
                     dropped += len(message.get("body", b""))
                     if not message.get("more_body", False):
                         return
+
+
+def _conflicting_framing() -> InvalidInput:
+    return InvalidInput(
+        "a request may carry Transfer-Encoding or Content-Length, not both",
+        field="content-length",
+    )
+
+
+def _framing_conflict(scope: Scope) -> bool:
+    """Both ``Transfer-Encoding`` and ``Content-Length``: the body's end is ambiguous
+    (the classic request-smuggling shape), so the request is refused and its
+    connection closed (RFC 9112 §6.3)."""
+    names = {k for k, _ in scope.get("headers", ())}
+    return b"transfer-encoding" in names and b"content-length" in names
 
 
 def _too_large(declared: int, limit: int) -> PayloadTooLarge:

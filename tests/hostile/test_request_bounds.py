@@ -420,3 +420,32 @@ def test_a_body_larger_than_the_whole_budget_is_413_not_a_retry(budgeted: Stack)
         assert reply.startswith(b"HTTP/1.1 413"), reply[:300]
         assert b"payload_too_large" in reply.lower() and b"retry-after" not in reply.lower()
         assert time.monotonic() - started < 5
+
+
+def test_transfer_encoding_with_content_length_is_refused_and_the_connection_closed(
+    bounded: Stack, client: httpx.Client
+) -> None:
+    """Both framings on one request (the request-smuggling shape): 400 naming the field,
+    ``Connection: close``, and the server ends the connection after the answer, so
+    nothing after it on the socket is read as a request."""
+    body = json.dumps(ONE).encode()
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    smuggled = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    request = (
+        f"POST {ENCODE} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(chunked)}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    port = bounded.running.gateway_port
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.settimeout(5)
+        sock.sendall(request + chunked + smuggled)
+        data = b""
+        while chunk := sock.recv(65536):  # read until the server closes
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 400"), data[:300]
+    assert data.count(b"HTTP/1.1 ") == 1  # the smuggled request was never answered
+    head, _, rest = data.partition(b"\r\n\r\n")
+    assert b"connection: close" in head.lower()
+    detail = json.loads(rest)["detail"]  # the native envelope (docs/api.md §1)
+    assert detail["code"] == "INVALID_INPUT" and detail["field"] == "content-length"
+    _served(client)
