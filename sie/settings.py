@@ -145,7 +145,7 @@ class ServeSettings(BaseModel):
     # The worker's inference threads take the GIL back between tensor ops and after
     # each ONNX pass; Python's default 5 ms switch interval stalls each such hand-over
     # behind the event loop (docs/performance.md "GIL switch interval").
-    gil_switch_interval_ms: float = Field(default=0.1, gt=0, le=100)
+    gil_switch_interval_ms: float = Field(default=0.05, gt=0, le=100)
     log_level: str = "INFO"
     # observability (docs/observability.md): JSON log lines, the share of successful
     # requests with an access line, span export (with an OTLP endpoint, OTEL_* vars)
