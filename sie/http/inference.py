@@ -39,10 +39,14 @@ from sie.http.schemas import (
 from sie.roles.gateway import Collected, GatewayRole, Routing
 from sie.telemetry import Metrics
 
-__all__ = ["encode", "extract", "routing_of", "score"]
+__all__ = ["encode", "extract", "routing_of", "score", "timing_headers"]
 
 
-def _timing_headers(c: Collected) -> dict[str, str]:
+def timing_headers(c: Collected) -> dict[str, str]:
+    """The timing headers of a collected request (docs/api.md §1): ``X-SIE-Worker``
+    (the workers, comma separated) and ``X-Queue-Publish-Time``, ``X-Queue-Time``,
+    ``X-Inference-Time``, ``X-Tokenization-Time``, ``X-Total-Time`` in milliseconds;
+    ``X-Payload-Fetch-Time`` when an item went by reference."""
     t = c.timing()
     headers = {
         "X-SIE-Worker": ",".join(c.workers) or "unknown",
@@ -189,7 +193,7 @@ async def encode(request: Request) -> Response:
             out.update(result.result())
             items_out.append(out)
         return render(
-            request, {"model": model, "items": items_out}, headers=_timing_headers(collected)
+            request, {"model": model, "items": items_out}, headers=timing_headers(collected)
         )
 
     return await _handle(request, "encode", EncodeRequest, run)
@@ -245,7 +249,7 @@ async def score(request: Request) -> Response:
             for rank, i in enumerate(order)
         ]
         body = {"model": model, "query_id": req.query.id, "scores": scores}
-        return render(request, body, headers=_timing_headers(collected))
+        return render(request, body, headers=timing_headers(collected))
 
     return await _handle(request, "score", ScoreRequest, run)
 
@@ -287,7 +291,7 @@ async def extract(request: Request) -> Response:
                 }
             )
         return render(
-            request, {"model": model, "items": items_out}, headers=_timing_headers(collected)
+            request, {"model": model, "items": items_out}, headers=timing_headers(collected)
         )
 
     return await _handle(request, "extract", ExtractRequest, run)

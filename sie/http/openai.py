@@ -42,7 +42,7 @@ from sie.core.errors import (
     SieError,
 )
 from sie.http.disconnect import CLIENT_CLOSED_REQUEST, until_disconnect
-from sie.http.inference import routing_of
+from sie.http.inference import routing_of, timing_headers
 from sie.http.negotiation import FastJSONResponse, read_payload, validate
 from sie.http.schemas import EmbeddingsRequest
 from sie.roles.gateway import GatewayRole
@@ -277,5 +277,6 @@ async def _embeddings(request: Request, gateway: GatewayRole) -> Response:
             "data": data,
             "model": req.model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
+        },
+        headers=timing_headers(collected),
     )

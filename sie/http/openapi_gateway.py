@@ -283,7 +283,8 @@ def gateway_table() -> ApiTable:
                 "POST",
                 "/v1/embeddings",
                 "OpenAI embeddings",
-                {200: _ok(EmbeddingsResponse)} | errors("openai", *READ, *BODY, *WORK),
+                {200: _ok(EmbeddingsResponse, headers=TIMING)}
+                | errors("openai", *READ, *BODY, *WORK),
                 body=Content(EmbeddingsRequest, (JSON, MSGPACK)),
                 params=ROUTING,
                 tag="openai",

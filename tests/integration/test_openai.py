@@ -39,6 +39,17 @@ def test_single_string_input(client: httpx.Client) -> None:
     assert r.status_code == 200 and len(r.json()["data"]) == 1
 
 
+def test_timing_headers_as_on_the_native_routes(client: httpx.Client) -> None:
+    r = client.post("/v1/embeddings", json={"model": MINILM, "input": ["one", "two"]})
+    assert r.status_code == 200, r.text
+    h = r.headers
+    assert len(h["x-sie-request-id"]) == 36 and h["x-sie-worker"].startswith("worker-test-")
+    names = ("queue-publish-time", "queue-time", "inference-time", "tokenization-time")
+    for name in (*names, "total-time"):
+        assert float(h[f"x-{name}"]) >= 0.0
+    assert float(h["x-total-time"]) >= float(h["x-inference-time"])
+
+
 def test_base64_is_the_same_numbers(client: httpx.Client) -> None:
     texts = ["parity check", "another one"]
     f = client.post("/v1/embeddings", json={"model": MINILM, "input": texts}).json()
