@@ -21,7 +21,8 @@ and gives the body a deadline (``SIE_HTTP_BODY_TIMEOUT_S``):
 A request that carries both ``Transfer-Encoding`` and ``Content-Length`` (its body's
 end is ambiguous: the shape of request smuggling behind a proxy that reads the other
 header) is answered 400 ``INVALID_INPUT`` (field ``content-length``) with
-``Connection: close``, and its connection ends with the answer.
+``Connection: close``; its connection ends after the answer, once the body has been
+drained as for any early answer (below), and nothing after it is read.
 
 A request answered before its body was read (413, 415, this 503) gets its answer at
 once, but the answer's end is held while the rest of the body is read and dropped (up
@@ -180,7 +181,7 @@ class RequestLimits:
             if _framing_conflict(scope):
                 refusal = self.respond(scope, _conflicting_framing())
                 refusal.headers["connection"] = "close"  # what follows cannot be trusted
-                await refusal(scope, receive, holding_send)
+                await refusal(scope, receive, holding_send)  # the body is drained as below
             elif declared and declared > budget.limit_bytes:  # could never fit: no retry
                 await self.respond(scope, _too_large(declared, budget.limit_bytes))(
                     scope, receive, holding_send

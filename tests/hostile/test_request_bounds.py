@@ -449,3 +449,24 @@ def test_transfer_encoding_with_content_length_is_refused_and_the_connection_clo
     detail = json.loads(rest)["detail"]  # the native envelope (docs/api.md §1)
     assert detail["code"] == "INVALID_INPUT" and detail["field"] == "content-length"
     _served(client)
+
+
+def test_both_framings_with_a_body_that_never_ends_are_answered_at_once(bounded: Stack) -> None:
+    """A chunked body left unfinished still gets its 400 at once; the connection then
+    ends within the early answer's drain bound (5 s at most), not the idle timeout."""
+    request = (
+        f"POST {ENCODE} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        'Content-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{"ite'
+    ).encode()
+    port = bounded.running.gateway_port
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.settimeout(10)
+        t0 = time.perf_counter()
+        sock.sendall(request)
+        data = sock.recv(65536)
+        answered = time.perf_counter() - t0
+        while chunk := sock.recv(65536):
+            data += chunk
+        closed = time.perf_counter() - t0
+    assert data.startswith(b"HTTP/1.1 400"), data[:300]
+    assert answered < 1.0 and closed < 7.0, (answered, closed)

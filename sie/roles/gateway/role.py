@@ -333,7 +333,7 @@ class GatewayRole(FunctionRequests):
             except TimeoutError:
                 got = sum(r is not None for r in col.results)
                 raise GatewayTimeout(
-                    f"no worker result within {wait_s:g}s ({got}/{n} items arrived)",
+                    f"the request did not complete within {wait_s:g}s ({got}/{n} items arrived)",
                     request_id=request_id,
                 ) from None
             if col.failure is not None:
