@@ -89,18 +89,18 @@ def test_a_graph_the_probes_cannot_run_keeps_its_computed_shapes() -> None:
 def test_a_target_no_constant_can_give_stays_computed() -> None:
     """A target with two entries that follow neither a fixed size nor the input's own
     axis (batch and sequence moved to other axes) has no constant form."""
-    from sie.engines.onnx.simplify import _constant_target
+    from sie.engines.onnx.simplify import constant_target
 
     seen = [((b * s,), (b, 1, 1, s), (b, 1, 1, s)) for b, s in ((2, 7), (3, 13))]
-    assert _constant_target(seen) is None
+    assert constant_target(seen) is None
     heads = [((b, s, 8), (b, s, 2, 4), (b, s, 2, 4)) for b, s in ((2, 7), (3, 13))]
-    assert _constant_target(heads) == [0, 0, 2, 4]
+    assert constant_target(heads) == [0, 0, 2, 4]
     merged = [((b, s, 2, 4), (b, s, 8), (b, s, 8)) for b, s in ((2, 7), (3, 13))]
-    assert _constant_target(merged) == [0, 0, 8]
+    assert constant_target(merged) == [0, 0, 8]
     flat = [((b, s, 8), (b * s, 8), (b * s, 8)) for b, s in ((2, 7), (3, 13))]
-    assert _constant_target(flat) == [-1, 8]
+    assert constant_target(flat) == [-1, 8]
     moved = [((b, 2, s, 4), (b * 2, s, 4), (b * 2, s, 4)) for b, s in ((2, 7), (3, 13))]
-    assert _constant_target(moved) is None  # the sequence changes axis: two unknowns
+    assert constant_target(moved) is None  # the sequence changes axis: two unknowns
 
 
 @pytest.mark.slow

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PROBES", "simplify_graph"]
+__all__ = ["PROBES", "constant_target", "simplify_graph"]
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def simplify_graph(model: Any) -> tuple[Any, int]:
         for node in computed:
             if node.output[0] not in seen:
                 continue
-            target = _constant_target(seen[node.output[0]])
+            target = constant_target(seen[node.output[0]])
             if target is None:
                 continue
             name = f"{node.output[0]}__sie_shape"
@@ -133,8 +133,12 @@ def _probe(model: Any, reshapes: Sequence[Any]) -> dict[str, list[Seen]]:
     return seen
 
 
-def _constant_target(seen: Sequence[Seen]) -> list[int] | None:
-    """The constant ``Reshape`` target that gives every probe's output shape, or None."""
+def constant_target(seen: Sequence[Seen]) -> list[int] | None:
+    """The constant ``Reshape`` target that gives every probe's output shape, or None.
+
+    ``seen``: per probe, (input shape, computed target, output shape). An entry the same
+    in every probe stays; one equal to the input's size on its axis in every probe is
+    ``0``; at most one other is ``-1``."""
     targets = {len(t) for _, t, _ in seen}
     if len(targets) != 1:
         return None
