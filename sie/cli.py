@@ -124,6 +124,7 @@ async def _serve(settings: ServeSettings) -> None:
 
         tg.start_soon(on_signals)
         await container.run(shutdown)
+        log.info("stopped: every role has shut down")
         tg.cancel_scope.cancel()
 
 
