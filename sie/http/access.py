@@ -88,48 +88,50 @@ class AccessLog:
         if not carrier and not tracing_active():  # no trace to join or record
             await self._untraced(scope, receive, send, path, started)
             return
-        status = 500  # unless a response starts
         with tracer.start_as_current_span(
             "gateway.request",
             context=propagate.extract(carrier),
             kind=trace.SpanKind.SERVER,
             attributes={"http.request.method": scope.get("method", ""), "url.path": path},
         ) as span:
-            trace_id = trace_id_of(span)
-            scope.setdefault("state", {})["trace_id"] = trace_id
-
-            async def send_with_trace(message: Message) -> None:
-                nonlocal status
-                if message["type"] == "http.response.start":
-                    status = int(message["status"])
-                    if trace_id is not None:
-                        extra = (b"x-sie-trace-id", trace_id.encode())
-                        message["headers"] = [*message.get("headers", []), extra]
-                await send(message)
-
-            try:
-                await self.app(scope, receive, send_with_trace)
-            finally:
-                span.set_attribute("http.response.status_code", status)
-                self._log(scope, path, status, time.monotonic() - started, trace_id)
+            await self._serve(scope, receive, send, path, started, span)
 
     async def _untraced(
         self, scope: Scope, receive: Receive, send: Send, path: str, started: float
     ) -> None:
         """The request without a span: no trace id, the same access line."""
-        scope.setdefault("state", {})["trace_id"] = None
+        await self._serve(scope, receive, send, path, started, None)
+
+    async def _serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        path: str,
+        started: float,
+        span: trace.Span | None,
+    ) -> None:
+        """Run the app, noting the response status (and, with a span, adding
+        ``X-SIE-Trace-Id`` and the status attribute), then write the access line."""
+        trace_id = trace_id_of(span) if span is not None else None
+        scope.setdefault("state", {})["trace_id"] = trace_id
         status = 500  # unless a response starts
 
         async def send_status(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                if trace_id is not None:
+                    extra = (b"x-sie-trace-id", trace_id.encode())
+                    message["headers"] = [*message.get("headers", []), extra]
             await send(message)
 
         try:
             await self.app(scope, receive, send_status)
         finally:
-            self._log(scope, path, status, time.monotonic() - started, None)
+            if span is not None:
+                span.set_attribute("http.response.status_code", status)
+            self._log(scope, path, status, time.monotonic() - started, trace_id)
 
     def _log(
         self, scope: Scope, path: str, status: int, seconds: float, trace_id: str | None

@@ -133,12 +133,12 @@ class RequestLimits:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = _content_length(scope)
+        declared, chunked, conflict = _framing(scope)
         budget = self.budget
         held = 0
         body_done = timed_out = end_held = large = False
         deadline: float | None = None
-        has_body = _has_body(scope, declared)
+        has_body = bool(declared) or chunked
         slot = object()  # this request's token in the large-body slots
 
         async def limited_receive() -> Message:
@@ -178,7 +178,7 @@ class RequestLimits:
             await send(message)
 
         try:
-            if _framing_conflict(scope):
+            if conflict:
                 refusal = self.respond(scope, _conflicting_framing())
                 refusal.headers["connection"] = "close"  # what follows cannot be trusted
                 await refusal(scope, receive, holding_send)  # the body is drained as below
@@ -225,14 +225,6 @@ def _conflicting_framing() -> InvalidInput:
         "a request may carry Transfer-Encoding or Content-Length, not both",
         field="content-length",
     )
-
-
-def _framing_conflict(scope: Scope) -> bool:
-    """Both ``Transfer-Encoding`` and ``Content-Length``: the body's end is ambiguous
-    (the classic request-smuggling shape), so the request is refused and its
-    connection closed (RFC 9112 §6.3)."""
-    names = {k for k, _ in scope.get("headers", ())}
-    return b"transfer-encoding" in names and b"content-length" in names
 
 
 def _too_large(declared: int, limit: int) -> PayloadTooLarge:
@@ -290,14 +282,18 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return trim
 
 
-def _has_body(scope: Scope, declared: int | None) -> bool:
-    if declared:
-        return True
-    return any(k == b"transfer-encoding" for k, _ in scope.get("headers", []))
-
-
-def _content_length(scope: Scope) -> int | None:
-    for k, v in scope.get("headers", []):
+def _framing(scope: Scope) -> tuple[int | None, bool, bool]:
+    """One walk over the headers: the declared ``Content-Length`` (None when absent or
+    not a plain number), whether a ``Transfer-Encoding`` is present, and whether both
+    are (the body's end is ambiguous, the classic request-smuggling shape: refused and
+    the connection closed, RFC 9112 §6.3)."""
+    declared: int | None = None
+    has_length = chunked = False
+    for k, v in scope.get("headers", ()):
         if k == b"content-length":
-            return int(v) if v.isdigit() and len(v) < 19 else None
-    return None
+            if not has_length:
+                declared = int(v) if v.isdigit() and len(v) < 19 else None
+            has_length = True
+        elif k == b"transfer-encoding":
+            chunked = True
+    return declared, chunked, has_length and chunked
