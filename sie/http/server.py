@@ -20,7 +20,7 @@ from hypercorn.config import Config
 from hypercorn.events import Closed, RawData
 from hypercorn.protocol import h11 as h11_protocol
 from hypercorn.protocol import ws_stream
-from hypercorn.protocol.events import Body, EndBody
+from hypercorn.protocol.events import Body, EndBody, StreamClosed
 from starlette.types import ASGIApp
 
 __all__ = ["bind_socket", "serve_app"]
@@ -175,11 +175,17 @@ def _release_paused_readers() -> None:
     the hostile trial: 10 pipelined requests then a close, from 8 clients for 10 s,
     kept about 1 GB). The reader now stops at once when the connection closes; it then
     reads the end of the socket and hypercorn frees the connection as after any close.
-    The pipelined requests nobody will read are not run (docs/security.md "Limits")."""
+    The pipelined requests nobody will read are not run (docs/security.md "Limits").
+
+    Likewise hypercorn kept a connection whose client had sent its end (closed, or
+    half-closed after its request) until the keep-alive timer fired, 15 s later: a
+    client opening and closing connections in a loop held that many descriptors. Now
+    the connection closes as soon as the client's end is read with no request in
+    progress, or, with one in progress, as soon as its answer is out."""
     cls = h11_protocol.H11Protocol
     if getattr(cls, "sie_releases_readers", False):
         return
-    init, handle = cls.__init__, cls.handle
+    init, handle, stream_send = cls.__init__, cls.handle, cls.stream_send
 
     def gated_init(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
@@ -187,18 +193,28 @@ def _release_paused_readers() -> None:
 
     async def releasing_handle(self: Any, event: Any) -> None:
         if isinstance(event, Closed):
+            self.sie_peer_closed = True
+            idle = self.stream is None
             try:
                 await handle(self, event)
             finally:
                 await self.can_read.close()
+                if idle:  # nothing left to answer: free it now
+                    await self.send(Closed())
             return
         try:
             await handle(self, event)
         except _PeerGone:
             pass  # the client left; _read_data reads the socket's end and frees it
 
+    async def closing_stream_send(self: Any, event: Any) -> None:
+        await stream_send(self, event)
+        if isinstance(event, StreamClosed) and getattr(self, "sie_peer_closed", False):
+            await self.send(Closed())  # the answer is out and the client has left
+
     cls.__init__ = gated_init  # type: ignore[method-assign]
     cls.handle = releasing_handle  # type: ignore[method-assign]
+    cls.stream_send = closing_stream_send  # type: ignore[method-assign]
     cls.sie_releases_readers = True  # type: ignore[attr-defined]
 
 

@@ -1,7 +1,8 @@
 """``sie.http.server.serve_app`` over real sockets: a sized response's head and body
 leave in one write, a streamed response's head leaves at once (docs/performance.md
 "One write per response"); a connection whose client left while requests it had
-pipelined waited is freed (docs/security.md "Limits")."""
+pipelined waited is freed, and so is one whose client has sent its end, without
+waiting for the keep-alive timer (docs/security.md "Limits")."""
 
 from __future__ import annotations
 
@@ -160,3 +161,52 @@ async def test_a_client_that_leaves_with_requests_pipelined_is_freed(
     sock = _request(port, "/sized")  # the server goes on serving
     with sock:
         assert (await _first_read(sock)).endswith(b"hello")
+
+
+@pytest.fixture
+async def long_idle_port() -> AsyncIterator[int]:
+    """A server whose keep-alive timer (30 s) outlasts the test: what closes a
+    connection here is the server noticing that its client has left."""
+    app.go = anyio.Event()  # type: ignore[attr-defined]
+    shutdown = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        serve = functools.partial(serve_app, header_timeout_s=30.0)
+        yield await tg.start(serve, app, "127.0.0.1", 0, shutdown)
+        shutdown.set()
+
+
+async def _until_no_connections(seconds: float) -> int:
+    """Connections left once none is, or after ``seconds``."""
+    for _ in range(int(seconds / 0.02)):  # no event to wait on: hypercorn's own tasks
+        if not _connections():
+            break
+        await anyio.sleep(0.02)
+    return _connections()
+
+
+async def test_a_client_that_connects_and_leaves_is_freed_at_once(long_idle_port: int) -> None:
+    """50 connections opened and closed without a byte, and 50 closed after reading
+    their answer: none waits for the keep-alive timer (a client doing this in a loop
+    would otherwise hold a descriptor per connection for 30 s)."""
+    socks = [socket.create_connection(("127.0.0.1", long_idle_port)) for _ in range(50)]
+    answered = [_request(long_idle_port, "/empty") for _ in range(50)]
+    for sock in answered:
+        assert (await _first_read(sock)).startswith(b"HTTP/1.1 204")
+    await anyio.sleep(0.2)
+    assert _connections() == 100
+    for sock in socks + answered:
+        sock.close()
+    assert await _until_no_connections(3.0) == 0
+
+
+async def test_a_half_closed_client_gets_its_answer_and_then_the_end(long_idle_port: int) -> None:
+    """A request followed by the client's end of the stream (``shutdown(SHUT_WR)``) is
+    answered, and the server closes the connection right after the answer."""
+    sock = _request(long_idle_port, "/sized")
+    sock.shutdown(socket.SHUT_WR)
+    got = b""
+    with sock, anyio.fail_after(3):  # the server's close ends the loop, not its timer
+        while chunk := await _first_read(sock):
+            got += chunk
+    assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"hello")
+    assert await _until_no_connections(3.0) == 0
