@@ -30,6 +30,7 @@ from sie.core.admission import EngineState
 from sie.core.errors import WireError, echo
 
 __all__ = [
+    "MAX_ENGINE_NAME_CHARS",
     "ConfigNotification",
     "GenerationChunk",
     "Heartbeat",
@@ -339,6 +340,8 @@ class GenerationChunk(_Message):
 #: A model's load state as a worker reports it (docs/architecture.md §6).
 ModelLoadState = Literal["available", "loading", "loaded", "unloading", "failed"]
 _LOAD_STATES = frozenset(("available", "loading", "loaded", "unloading", "failed"))
+#: longest ``ModelStatus.engine`` a heartbeat may carry
+MAX_ENGINE_NAME_CHARS = 64
 
 
 @dataclass(slots=True, frozen=True)
@@ -350,7 +353,9 @@ class ModelStatus:
     ``engine_state``: a generation engine's scheduler reading (admission-gate.md),
     None for other engines or when unreadable; ``last_error``: the envelope of the
     last failed load (``code``, ``message``, ``error_class``, ``attempts``,
-    ``permanent``, ...), None when none failed.
+    ``permanent``, ...), None when none failed; ``engine``: which engine serves a
+    loaded model whose profile picks one at load (``fastest``: ``onnx-int8``,
+    ``onnx-float32``, ``torch``...; at most ``MAX_ENGINE_NAME_CHARS``), None otherwise.
     """
 
     name: str
@@ -360,6 +365,7 @@ class ModelStatus:
     bytes: int = 0
     engine_state: EngineState | None = None
     last_error: dict[str, Any] | None = None
+    engine: str | None = None
 
     def to_map(self) -> dict[str, Any]:
         """The msgpack / JSON map (the shape ``/health`` shows)."""
@@ -374,6 +380,8 @@ class ModelStatus:
             out["engine_state"] = asdict(self.engine_state)
         if self.last_error is not None:
             out["last_error"] = self.last_error
+        if self.engine is not None:
+            out["engine"] = self.engine
         return out
 
     @classmethod
@@ -398,6 +406,13 @@ class ModelStatus:
         es, err = data.get("engine_state"), data.get("last_error")
         if err is not None and not isinstance(err, dict):
             raise WireError("ModelStatus.last_error: expected a map")
+        engine = data.get("engine")
+        if engine is not None and not (
+            isinstance(engine, str) and 0 < len(engine) <= MAX_ENGINE_NAME_CHARS
+        ):
+            raise WireError(
+                f"ModelStatus.engine: expected a string of 1-{MAX_ENGINE_NAME_CHARS} characters"
+            )
         return cls(
             name=name,
             state=state,
@@ -406,6 +421,7 @@ class ModelStatus:
             bytes=size,
             engine_state=_engine_state(es),
             last_error=err,
+            engine=engine,
         )
 
 

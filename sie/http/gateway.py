@@ -94,8 +94,8 @@ class ResponseHeaders:
 
 
 def model_info(entry: ModelEntry, gateway: GatewayRole) -> dict[str, Any]:
-    """ModelInfo (docs/api.md §7) plus the routing facts ``bundles`` and ``pool`` and
-    the workers' ``loads`` / ``evictions`` counts."""
+    """ModelInfo (docs/api.md §7) plus the routing facts ``bundles`` and ``pool``, the
+    workers' ``loads`` / ``evictions`` counts and the ``engines`` they serve it with."""
     cfg = entry.config
     state, last_error = gateway.directory.model_state(entry.model_id)
     is_variant = entry.model_id != cfg.sie_id
@@ -117,6 +117,8 @@ def model_info(entry: ModelEntry, gateway: GatewayRole) -> dict[str, Any]:
         "bundles": list(entry.bundles),
         "pool": cfg.effective_pool,
         **gateway.directory.model_counts(entry.model_id),  # loads, evictions (docs/api.md §10)
+        # the engine a profile that picks one at load serves (fastest: onnx-int8, ...)
+        "engines": gateway.directory.model_engines(entry.model_id),
     }
 
 

@@ -225,8 +225,9 @@ class ProfileInfo(Reply):
 
 class ModelInfo(Reply):
     """A served model id (docs/api.md §7): its task outputs, its state over the live
-    workers (``available``, ``loading``, ``loaded``, ``unloading``, ``failed``) and the
-    routing facts ``bundles`` / ``pool``."""
+    workers (``available``, ``loading``, ``loaded``, ``unloading``, ``failed``), the
+    routing facts ``bundles`` / ``pool``, and ``engines``: the engines the workers serve
+    it with when its profile picks one at load (``fastest``), else empty."""
 
     name: str
     inputs: list[str]
@@ -241,6 +242,7 @@ class ModelInfo(Reply):
     pool: str
     loads: int
     evictions: int
+    engines: list[str]
 
 
 class ModelObject(ModelInfo):

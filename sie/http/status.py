@@ -13,7 +13,7 @@ The state (``cluster_state``)::
     {"generated_at": epoch s, "version", "router_id", "uptime_s",
      "workers": [{"worker_id", "pool", "machine_profile", "bundle", "bundle_config_hash",
                   "ready", "healthy", "status": "ready"|"starting"|"lost",
-                  "loaded_models": [name], "models": [{"name", "state", "bytes"}],
+                  "loaded_models": [name], "models": [{"name", "state", "bytes", "engine"}],
                   "queue_depth": int|null, "running": int|null, "last_seen_s"}],
      "models": [{"model_id", "state", "pool", "bundles", "loaded_on": n,
                  "workers": [{"worker_id", "state"}], "last_error"}],
@@ -93,7 +93,7 @@ def _worker(hb: Heartbeat, live: bool, age_s: float) -> dict[str, Any]:
         "status": ("ready" if hb.ready else "starting") if live else "lost",
         "loaded_models": sorted(m.name for m in hb.models if m.state == "loaded"),
         "models": [
-            {"name": m.name, "state": m.state, "bytes": m.bytes}
+            {"name": m.name, "state": m.state, "bytes": m.bytes, "engine": m.engine}
             for m in sorted(hb.models, key=lambda m: m.name)
             if m.state != "available"
         ],

@@ -161,8 +161,10 @@ def test_a_bare_id_serves_the_default_profile_setting() -> None:
             assert info["id"] == MINILM
             defaults = {p for p, v in info["profiles"].items() if v["is_default"]}
             assert defaults == {"fastest"}  # the profile the bare id serves
-            variant = c.get(f"/v1/models/{MINILM}:onnx").json()["profiles"]
-            assert variant == {"onnx": {"is_default": True}}
+            assert info["engines"] == ["onnx-int8"]  # the engine fastest picked at load
+            variant = c.get(f"/v1/models/{MINILM}:onnx").json()
+            assert variant["profiles"] == {"onnx": {"is_default": True}}
+            assert variant["engines"] == []  # a profile that names its engine: none picked
             r = c.post("/v1/embeddings", json={"model": MINILM, "input": TEXTS})
             assert r.status_code == 200 and r.json()["model"] == MINILM
             fast, torch = dense(c, MINILM), dense(c, f"{MINILM}:default")

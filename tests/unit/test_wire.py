@@ -109,6 +109,7 @@ def test_heartbeat_round_trip() -> None:
         ready=True,
         models=[
             ModelStatus(name="m", state="loaded"),
+            ModelStatus(name="fast", state="loaded", engine="onnx-int8"),
             ModelStatus(
                 name="llm",
                 state="loaded",
@@ -135,6 +136,9 @@ def test_heartbeat_round_trip() -> None:
         ([{"name": "m", "engine_state": {"running": 1}}], "engine_state"),
         ([{"name": "m", "engine_state": [1, 2]}], "engine_state"),
         ([{"name": "m", "last_error": "boom"}], "last_error"),
+        ([{"name": "m", "engine": 8}], "ModelStatus.engine"),
+        ([{"name": "m", "engine": ""}], "ModelStatus.engine"),
+        ([{"name": "m", "engine": "x" * 65}], "ModelStatus.engine"),
     ],
 )
 def test_heartbeat_with_a_malformed_model_entry_is_refused(models: object, needle: str) -> None:

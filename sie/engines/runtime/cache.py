@@ -48,7 +48,7 @@ from sie.core.admission import EngineState
 from sie.core.errors import ModelLoadFailed, ModelLoading, SieError
 from sie.core.registry import ModelEntry
 from sie.core.trust import ConfigTrust, redact_error
-from sie.core.wire import ModelStatus
+from sie.core.wire import MAX_ENGINE_NAME_CHARS, ModelStatus
 from sie.engines.base import Engine, load_engine_class, memory_bytes
 from sie.engines.generation import is_generator
 from sie.engines.runtime.batching import TokenBudgetBatcher
@@ -58,6 +58,15 @@ from sie.gc_policy import freeze_long_lived
 __all__ = ["LoadedModel", "ModelCache", "device_memory_bytes"]
 
 log = logging.getLogger(__name__)
+
+
+def _served(engine: Any) -> str | None:
+    """The engine a profile that picks one at load is serving (its ``served``, e.g.
+    ``sie.engines.onnx.fastest``), for the heartbeat's ``ModelStatus.engine``."""
+    served = getattr(engine, "served", None)
+    if isinstance(served, str) and 0 < len(served) <= MAX_ENGINE_NAME_CHARS:
+        return served
+    return None
 
 
 def device_memory_bytes(device: str) -> int:
@@ -218,6 +227,7 @@ class ModelCache:
                     evictions=stats.evictions,
                     bytes=slot.loaded.bytes if slot is not None and slot.loaded else 0,
                     engine_state=engine_state if isinstance(engine_state, EngineState) else None,
+                    engine=_served(engine),
                     last_error=None
                     if err is None
                     else {

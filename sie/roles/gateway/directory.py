@@ -123,5 +123,12 @@ class WorkerDirectory:
             "evictions": sum(m.evictions for m in reports),
         }
 
+    def model_engines(self, model_id: str) -> list[str]:
+        """The engines live workers serve ``model_id`` with, when its profile picks one
+        at load (``ModelStatus.engine``; docs/api.md §7), sorted and distinct."""
+        return sorted(
+            {m.engine for m in self._model_reports(model_id) if m.engine and m.state == "loaded"}
+        )
+
     def _model_reports(self, model_id: str) -> list[ModelStatus]:
         return [m for hb in self.live() for m in hb.models if m.name == model_id]
