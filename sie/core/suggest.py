@@ -4,7 +4,9 @@ away from its fix.
 
 ``model_not_found("all-MiniLM-L6-v2", known)`` is a ``ModelNotFound`` whose message ends
 "did you mean 'sentence-transformers/all-MiniLM-L6-v2'?" and whose ``suggestions`` field
-lists up to ``MAX_SUGGESTIONS`` ids (``[]`` when nothing is close).
+lists up to ``MAX_SUGGESTIONS`` ids (``[]`` when nothing is close). For an unknown
+profile of a known model (``sentence-transformers/all-MiniLM-L6-v2:nosuch``) it lists
+the model and all its profile ids instead.
 """
 
 from __future__ import annotations
@@ -16,10 +18,20 @@ from itertools import islice
 from sie.core.echo import echo
 from sie.core.errors import ModelNotFound
 
-__all__ = ["CUTOFF", "MAX_CANDIDATES", "MAX_SUGGESTIONS", "close_ids", "model_not_found"]
+__all__ = [
+    "CUTOFF",
+    "MAX_CANDIDATES",
+    "MAX_PROFILE_SUGGESTIONS",
+    "MAX_SUGGESTIONS",
+    "close_ids",
+    "model_not_found",
+]
 
 #: Most ids one 404 suggests.
 MAX_SUGGESTIONS = 3
+#: Most ids a 404 for an unknown profile of a known model lists (the model and its
+#: ``model:profile`` ids).
+MAX_PROFILE_SUGGESTIONS = 16
 #: Least ``difflib`` similarity (0..1) for an id to be suggested.
 CUTOFF = 0.6
 #: Most known ids one 404 compares (in the order given): bounds the work a stream of
@@ -66,10 +78,32 @@ def close_ids(query: str, known: Iterable[str], n: int = MAX_SUGGESTIONS) -> lis
     return [model_id for _, model_id in sorted(scored)[:n]]
 
 
+def _profiles_of(model_id: str, known: list[str]) -> list[str] | None:
+    """For ``base:profile`` whose base is known: the base and its routable
+    ``base:profile`` ids (at most ``MAX_PROFILE_SUGGESTIONS``); else None."""
+    base, sep, _ = model_id.partition(":")
+    if not sep or base not in known:
+        return None
+    ids = [base, *sorted(k for k in known if k.startswith(base + ":"))]
+    close = close_ids(model_id, ids, n=len(ids))  # a mistyped profile's fix first
+    return [*close, *(i for i in ids if i not in close)][:MAX_PROFILE_SUGGESTIONS]
+
+
 def model_not_found(model_id: str, known: Iterable[str]) -> ModelNotFound:
-    """404 ``MODEL_NOT_FOUND`` for ``model_id``, with ``model`` and ``suggestions`` (the
-    closest of ``known``, maybe none) as fields and the suggestions in the message."""
-    suggestions = close_ids(model_id, known)
+    """404 ``MODEL_NOT_FOUND`` for ``model_id``, with ``model`` and ``suggestions`` as
+    fields and the suggestions in the message: for ``base:profile`` whose base is known
+    (an unknown profile), the base and every profile id it has; else the closest of
+    ``known``, maybe none."""
+    ids = list(islice(known, MAX_CANDIDATES))
+    if len(model_id) <= _MAX_QUERY_CHARS and (profiles := _profiles_of(model_id, ids)):
+        base = model_id.partition(":")[0]
+        message = (
+            f"model {echo(model_id)!r} not found: {base!r} has no profile "
+            f"{echo(model_id.partition(':')[2])!r}; its ids: "
+            + ", ".join(repr(p) for p in profiles)
+        )
+        return ModelNotFound(message, model=model_id, suggestions=profiles)
+    suggestions = close_ids(model_id, ids)
     message = f"model {echo(model_id)!r} not found"
     if len(suggestions) == 1:
         message += f"; did you mean {suggestions[0]!r}?"

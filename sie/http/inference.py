@@ -74,8 +74,9 @@ def _profile_target(gateway: GatewayRole, model: str, profile: str | None, where
                 field=f"{where}.profile",
             )
         return model
-    if profile == "default":
-        return model
+    entry = gateway.registry.snapshot.entries.get(model)
+    if entry is not None and entry.profile.name == profile:
+        return model  # the bare id serves that profile (SIE_DEFAULT_PROFILES may name another)
     target = f"{model}:{profile}"
     if target not in gateway.registry.snapshot.entries:
         gateway.registry.resolve(model)  # unknown base model: 404 first

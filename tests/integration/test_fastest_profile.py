@@ -168,5 +168,11 @@ def test_a_bare_id_serves_the_default_profile_setting() -> None:
             r = c.post("/v1/embeddings", json={"model": MINILM, "input": TEXTS})
             assert r.status_code == 200 and r.json()["model"] == MINILM
             fast, torch = dense(c, MINILM), dense(c, f"{MINILM}:default")
+            # options.profile "default" names the profile, not the bare id (which is fastest)
+            body = {"items": [{"text": "hello"}], "params": {"options": {"profile": "default"}}}
+            r = c.post(f"/v1/encode/{MINILM}", json=body)
+            assert r.status_code == 200, r.text
+            by_option = np.asarray(r.json()["items"][0]["dense"]["values"], dtype=np.float32)
+            np.testing.assert_allclose(by_option, torch, atol=1e-6)
         np.testing.assert_allclose(torch, _torch_dense(["hello"])[0], atol=1e-5)
         assert 0.95 <= float(np.dot(fast, torch)) < 0.9999  # int8, not torch

@@ -48,3 +48,25 @@ def test_work_is_bounded_by_the_candidate_cap() -> None:
     got = close_ids("sentence-transformers/all-MiniLM-L6-v2:onnx-int8", alike)
     assert len(got) == 3 and all(g in alike[:MAX_CANDIDATES] for g in got)
     assert time.process_time() - started < 2.0  # ~0.1 s here; 10x that unbounded
+
+
+def test_an_unknown_profile_of_a_known_model_lists_its_profiles() -> None:
+    known = [*KNOWN, f"{MINILM}:onnx-int8", f"{MINILM}:fastest", f"{MINILM}:default"]
+    err = model_not_found(f"{MINILM}:nosuch", known)
+    assert err.status == 404 and err.code == "MODEL_NOT_FOUND"
+    ids = [
+        MINILM,
+        f"{MINILM}:default",
+        f"{MINILM}:fastest",
+        f"{MINILM}:onnx",
+        f"{MINILM}:onnx-int8",
+    ]
+    assert sorted(err.fields["suggestions"]) == sorted(ids)  # every one, however unlike
+    assert err.message.startswith(
+        f"model '{MINILM}:nosuch' not found: '{MINILM}' has no profile 'nosuch'; its ids: "
+    )
+    typo = model_not_found(f"{MINILM}:onxx", known)  # the closest first
+    assert (
+        typo.fields["suggestions"][0] == f"{MINILM}:onnx" and len(typo.fields["suggestions"]) == 5
+    )
+    assert model_not_found("nope/x:onnx", known).fields["suggestions"] == []  # unknown base
