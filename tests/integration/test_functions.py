@@ -135,6 +135,12 @@ def test_sparse_splade_is_sorted_positive_and_meaningful(c: httpx.Client) -> Non
         return sum(v * b.get(k, 0.0) for k, v in a.items())
 
     assert dot(q, bread) > 5 * max(dot(q, stocks), 0.1)
+    # no output_types: the profile's default (a sparse-only model: sparse), on both engines
+    for model in (SPLADE, f"{SPLADE}:onnx"):
+        got = ok(c.post(f"/v1/encode/{model}", json={"items": [{"text": "how do I bake bread"}]}))
+        assert set(got["items"][0]) >= {"sparse"} and "dense" not in got["items"][0]
+        plain = got["items"][0]["sparse"]
+        assert plain["dims"] == 30522 and len(plain["indices"]) > 0
 
 
 def test_unsupported_output_type_names_it(c: httpx.Client) -> None:
