@@ -15,9 +15,11 @@ from typing import Any
 import anyio
 import anyio.abc
 import h11
+from hypercorn import protocol as protocol_wrapper
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
-from hypercorn.events import Closed, RawData
+from hypercorn.events import Closed, RawData, Updated
+from hypercorn.protocol import h2 as h2_protocol
 from hypercorn.protocol import h11 as h11_protocol
 from hypercorn.protocol import ws_stream
 from hypercorn.protocol.events import Body, EndBody, StreamClosed
@@ -219,6 +221,35 @@ def _release_paused_readers() -> None:
 
 
 _release_paused_readers()
+
+
+def _time_idle_http2() -> None:
+    """Put an HTTP/2 connection that has no stream open under the keep-alive timer.
+
+    hypercorn 0.18 stops a connection's idle timer when HTTP/1.1 parsing sees a request
+    line, and the HTTP/2 preface (``PRI * HTTP/2.0``, prior knowledge in cleartext) is
+    one: the connection then switches to HTTP/2 and the timer only restarts when a
+    stream ends. A client that sent the preface, or a header block it never finished,
+    and nothing more kept its connection forever (found by the hostile trial: 60 such
+    connections still open after 150 s). The timer now restarts as soon as the switch
+    leaves no stream open, so such a connection closes after ``SIE_HTTP_HEADER_TIMEOUT_S``
+    like an HTTP/1.1 one (docs/security.md "Limits")."""
+    cls = protocol_wrapper.ProtocolWrapper
+    if getattr(cls, "sie_times_idle_http2", False):
+        return
+    handle = cls.handle
+
+    async def timing_handle(self: Any, event: Any) -> None:
+        was_h2 = isinstance(self.protocol, h2_protocol.H2Protocol)
+        await handle(self, event)
+        if not was_h2 and isinstance(self.protocol, h2_protocol.H2Protocol) and self.protocol.idle:
+            await self.send(Updated(idle=True))
+
+    cls.handle = timing_handle  # type: ignore[method-assign]
+    cls.sie_times_idle_http2 = True  # type: ignore[attr-defined]
+
+
+_time_idle_http2()
 
 
 async def serve_app(

@@ -210,3 +210,39 @@ async def test_a_half_closed_client_gets_its_answer_and_then_the_end(long_idle_p
             got += chunk
     assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"hello")
     assert await _until_no_connections(3.0) == 0
+
+
+def _h2_partial_headers() -> bytes:
+    """The HTTP/2 preface, a SETTINGS frame and a HEADERS frame without END_HEADERS:
+    a request whose header block never ends (the CONTINUATION never comes)."""
+    import h2.config
+    import h2.connection
+
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    opening = conn.data_to_send()
+    conn.send_headers(
+        1, [(":method", "POST"), (":path", "/sized"), (":scheme", "http"), (":authority", "t")]
+    )
+    frame = bytearray(conn.data_to_send())
+    assert frame[3] == 0x1 and frame[4] & 0x4  # a HEADERS frame with END_HEADERS
+    frame[4] &= ~0x4  # the frame head: length (3 bytes), type, flags, stream id
+    return opening + bytes(frame)
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", _h2_partial_headers()],
+    ids=["preface", "unfinished-headers"],
+)
+async def test_an_idle_http2_connection_is_closed_by_the_idle_timer(
+    port: int, sent: bytes
+) -> None:
+    """HTTP/2 in cleartext (prior knowledge) with no stream ever opened: closed after
+    the idle timeout like an HTTP/1.1 connection that sent nothing whole."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=IDLE_S + 5)
+    with sock, anyio.fail_after(IDLE_S + 4):  # hypercorn left it open for good
+        sock.sendall(sent)
+        while await _first_read(sock):  # the server's SETTINGS, then its close
+            pass
+    assert await _until_no_connections(2.0) == 0
