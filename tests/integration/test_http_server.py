@@ -235,9 +235,7 @@ def _h2_partial_headers() -> bytes:
     [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", _h2_partial_headers()],
     ids=["preface", "unfinished-headers"],
 )
-async def test_an_idle_http2_connection_is_closed_by_the_idle_timer(
-    port: int, sent: bytes
-) -> None:
+async def test_an_idle_http2_connection_is_closed_by_the_idle_timer(port: int, sent: bytes) -> None:
     """HTTP/2 in cleartext (prior knowledge) with no stream ever opened: closed after
     the idle timeout like an HTTP/1.1 connection that sent nothing whole."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=IDLE_S + 5)
