@@ -32,7 +32,7 @@ from sie.http.auth import AuthPolicy, audit_auth
 from sie.http.config import build_config_app
 from sie.http.gateway import build_gateway_app
 from sie.http.limits import BodyBudget
-from sie.http.server import serve_app
+from sie.http.server import ConnectionTimeouts, serve_app
 from sie.http.worker import build_worker_app
 from sie.roles.config import ConfigRole
 from sie.roles.config_sync import build_config_sync
@@ -369,7 +369,7 @@ class Container:
                         config_stop,
                         "config",
                         s.drain_timeout_s,
-                        s.http_header_timeout_s,
+                        ConnectionTimeouts(s.http_header_timeout_s, s.http_send_timeout_s),
                     )
                 running.config_url = s.config_service_url or (
                     _local_url(s.host, running.config_port) if running.config_port else None
@@ -409,7 +409,7 @@ class Container:
                         shutdown,
                         "gateway",
                         s.drain_timeout_s,
-                        s.http_header_timeout_s,
+                        ConnectionTimeouts(s.http_header_timeout_s, s.http_send_timeout_s),
                         config_stop,
                     )
                 elif running.worker is not None:  # its series need a port of their own
@@ -424,7 +424,7 @@ class Container:
                         shutdown,
                         "worker",
                         s.drain_timeout_s,
-                        s.http_header_timeout_s,
+                        ConnectionTimeouts(s.http_header_timeout_s, s.http_send_timeout_s),
                     )
                 running.registry = (
                     running.gateway.registry
@@ -462,7 +462,7 @@ async def _serve(
     shutdown: anyio.Event,
     name: str,
     drain_s: float,
-    header_timeout_s: float,
+    timeouts: ConnectionTimeouts,
     stopped: anyio.Event | None = None,
     *,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
@@ -476,7 +476,8 @@ async def _serve(
             shutdown,
             name=name,
             graceful_timeout_s=drain_s,
-            header_timeout_s=header_timeout_s,
+            header_timeout_s=timeouts.header_s,
+            send_timeout_s=timeouts.send_s,
             task_status=task_status,
         )
     finally:

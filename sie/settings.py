@@ -97,6 +97,7 @@ class ServeSettings(BaseModel):
     max_extract_chars: int = Field(default=100_000, gt=0)
     http_header_timeout_s: float = Field(default=15.0, gt=0)
     http_body_timeout_s: float = Field(default=60.0, gt=0)
+    http_send_timeout_s: float = Field(default=60.0, gt=0)
     max_large_body_reads: int = Field(default=4, ge=1)
     # backpressure (architecture §2)
     max_stream_pending: int = Field(default=50_000, gt=0)

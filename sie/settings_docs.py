@@ -83,6 +83,10 @@ ENV_DOCS: dict[str, EnvDoc] = {
     "SIE_HTTP_BODY_TIMEOUT_S": EnvDoc(
         "seconds a request body may take to arrive (then 408 `REQUEST_TIMEOUT`)"
     ),
+    "SIE_HTTP_SEND_TIMEOUT_S": EnvDoc(
+        "seconds a client may take to read an answer once it fills the socket's send "
+        "buffer (then the connection is aborted and the answer's memory freed)"
+    ),
     "SIE_MAX_LARGE_BODY_READS": EnvDoc(
         "bodies over 1 MiB read at once per listener; the others wait, unread (probes stay fast under a burst of large uploads)"
     ),

@@ -36,6 +36,7 @@ ENV_VARS: dict[str, str] = {
     "SIE_MAX_EXTRACT_CHARS": "max_extract_chars",
     "SIE_HTTP_HEADER_TIMEOUT_S": "http_header_timeout_s",
     "SIE_HTTP_BODY_TIMEOUT_S": "http_body_timeout_s",
+    "SIE_HTTP_SEND_TIMEOUT_S": "http_send_timeout_s",
     "SIE_MAX_LARGE_BODY_READS": "max_large_body_reads",
     "SIE_GATEWAY_MAX_STREAM_PENDING": "max_stream_pending",
     "SIE_GATEWAY_MAX_LANE_IN_FLIGHT_ITEMS": "max_lane_in_flight_items",

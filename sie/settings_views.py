@@ -61,6 +61,7 @@ class LimitsSettings(SettingsView):
     max_inflight_body_bytes: int
     http_header_timeout_s: float
     http_body_timeout_s: float
+    http_send_timeout_s: float
     max_large_body_reads: int
     max_response_bytes: int
     max_extract_chars: int

@@ -8,15 +8,16 @@ up to ``graceful_timeout_s`` seconds for in-flight requests.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import anyio.abc
 import h11
 from hypercorn import protocol as protocol_wrapper
-from hypercorn.asyncio import serve
+from hypercorn.asyncio import serve, tcp_server
 from hypercorn.config import Config
 from hypercorn.events import Closed, RawData, Updated
 from hypercorn.protocol import h2 as h2_protocol
@@ -25,7 +26,7 @@ from hypercorn.protocol import ws_stream
 from hypercorn.protocol.events import Body, EndBody, StreamClosed
 from starlette.types import ASGIApp
 
-__all__ = ["bind_socket", "serve_app"]
+__all__ = ["ConnectionTimeouts", "bind_socket", "serve_app"]
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +253,73 @@ def _time_idle_http2() -> None:
 _time_idle_http2()
 
 
+#: The slowest a client may take a large answer (bytes/s), beyond the send timeout.
+MIN_SEND_BYTES_PER_S = 1 << 20
+
+
+class ConnectionTimeouts(NamedTuple):
+    """A listener's per-connection deadlines (s): ``header_s`` to send a request line and
+    headers (and the keep-alive idle limit), ``send_s`` to read an answer once it fills
+    the socket's send buffer, plus a second per MiB buffered (docs/security.md "Limits")."""
+
+    header_s: float
+    send_s: float
+
+
+def _bounded_drain(writer: asyncio.StreamWriter, timeout_s: float) -> None:
+    """Make ``writer.drain`` abort the connection when the client has not taken what is
+    buffered for it within ``timeout_s`` plus a second per ``MIN_SEND_BYTES_PER_S``.
+
+    hypercorn writes an answer and waits for the socket to take it, for as long as the
+    client takes: a client that asked for a large answer and never read it held the
+    answer's memory for the life of the connection (the hostile trial: 24 such clients of
+    4,096-text ``/v1/embeddings`` answers held 2.2 GB for minutes). A drain that has not
+    finished in time now aborts the transport, which drops the buffer; hypercorn sees a
+    lost connection. A drain with nothing to wait for (the buffer under the transport's
+    high-water mark) costs no timer.
+    """
+    drain = writer.drain
+    transport = writer.transport
+
+    async def bounded_drain() -> None:
+        buffered = transport.get_write_buffer_size()
+        if transport.is_closing() or buffered <= transport.get_write_buffer_limits()[1]:
+            return await drain()  # nothing to wait for: returns at once
+        allowed = timeout_s + buffered / MIN_SEND_BYTES_PER_S
+        try:
+            await asyncio.wait_for(drain(), allowed)
+        except TimeoutError:
+            log.info(
+                "aborted a connection whose client left %d bytes of its answer unread for %.0fs",
+                transport.get_write_buffer_size(),
+                allowed,
+            )
+            transport.abort()
+            raise ConnectionResetError("the client did not read its answer") from None
+
+    writer.drain = bounded_drain  # type: ignore[method-assign]
+
+
+def _time_sends() -> None:
+    """Give every connection's writes the listener's ``send_s`` (``_bounded_drain``)."""
+    cls = tcp_server.TCPServer
+    if getattr(cls, "sie_times_sends", False):
+        return
+    init = cls.__init__
+
+    def timed_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        timeout_s = getattr(self.config, "sie_send_timeout_s", None)
+        if timeout_s is not None:
+            _bounded_drain(self.writer, timeout_s)
+
+    cls.__init__ = timed_init  # type: ignore[method-assign]
+    cls.sie_times_sends = True  # type: ignore[attr-defined]
+
+
+_time_sends()
+
+
 async def serve_app(
     app: ASGIApp,
     host: str,
@@ -261,6 +329,7 @@ async def serve_app(
     name: str = "http",
     graceful_timeout_s: float = 25.0,
     header_timeout_s: float = 15.0,
+    send_timeout_s: float = 60.0,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run until ``shutdown`` is set and in-flight requests drained; reports the port.
@@ -270,7 +339,9 @@ async def serve_app(
     (hypercorn's idle timer runs until the headers are in; docs/security.md "Limits").
     hypercorn (h11) answers 431 and closes when more than 16 KiB of a request line and
     headers is buffered incomplete, or when they do not fit one 64 KiB read
-    (docs/security.md "Limits").
+    (docs/security.md "Limits"). ``send_timeout_s``: a connection whose client has not
+    taken an answer that filled the socket's send buffer this long after the write, plus
+    a second per MiB buffered, is aborted (``_bounded_drain``).
     """
     sock = bind_socket(host, port)
     bound = sock.getsockname()[1]
@@ -280,6 +351,7 @@ async def serve_app(
     config.accesslog = None
     config.errorlog = logging.getLogger(f"sie.{name}")
     config.keep_alive_timeout = header_timeout_s
+    config.sie_send_timeout_s = send_timeout_s  # type: ignore[attr-defined]  # _time_sends
     # events a connection may queue for the app (hypercorn's default 10): past it the
     # server stops reading that socket, so a burst of large uploads waiting for their
     # turn (sie.http.limits) buffers 2 chunks each on the loop, not 10

@@ -7,6 +7,7 @@ waiting for the keep-alive timer (docs/security.md "Limits")."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import socket
 import struct
@@ -16,6 +17,7 @@ from typing import Any
 import anyio
 import pytest
 
+from sie.http import server
 from sie.http.server import serve_app
 
 pytestmark = pytest.mark.anyio
@@ -26,6 +28,10 @@ GAP_S = 0.3
 
 #: The server's idle (keep-alive) timeout in these tests (s).
 IDLE_S = 1.0
+
+#: ``/big``'s body (bytes), and the send timeout of the server that serves it (s).
+BIG_BYTES = 16 * 1024 * 1024
+SEND_S = 1.0
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -38,6 +44,12 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "lifespan.shutdown.complete"})
         return
     path = scope["path"]
+    if path == "/big":  # an answer far larger than the socket buffers
+        body = b"x" * BIG_BYTES
+        headers = [(b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        return
     if path == "/slow":  # reads its body, answers after a while: the client may be gone
         app.slow += 1  # type: ignore[attr-defined]
         while (await receive()).get("more_body"):
@@ -244,3 +256,57 @@ async def test_an_idle_http2_connection_is_closed_by_the_idle_timer(port: int, s
         while await _first_read(sock):  # the server's SETTINGS, then its close
             pass
     assert await _until_no_connections(2.0) == 0
+
+
+@pytest.fixture
+async def send_port() -> AsyncIterator[int]:
+    """A server whose clients must take an answer within ``SEND_S``."""
+    shutdown = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        serve = functools.partial(serve_app, header_timeout_s=30.0, send_timeout_s=SEND_S)
+        yield await tg.start(serve, app, "127.0.0.1", 0, shutdown)
+        shutdown.set()
+
+
+def _slow_reader(port: int) -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # takes little unread
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(b"GET /big HTTP/1.1\r\nHost: t\r\n\r\n")
+    return sock
+
+
+async def test_a_client_that_does_not_read_its_answer_is_cut_off(
+    send_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four clients ask for a 16 MiB answer and read nothing: each connection is aborted
+    about ``SEND_S`` (plus the answer's size at the least rate) after the answer was
+    written (its buffer goes with it), and a client that then reads gets only part of
+    the answer."""
+    monkeypatch.setattr(server, "MIN_SEND_BYTES_PER_S", 64 << 20)  # 16 MiB: 0.25 s more
+    socks = [_slow_reader(send_port) for _ in range(4)]
+    await anyio.sleep(0.3)
+    assert _connections() == 4
+    assert await _until_no_connections(SEND_S + 3) == 0  # not when the client reads
+    for sock in socks:
+        with sock:
+            got = 0
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := await _first_read(sock):
+                    got += len(chunk)
+            assert got < BIG_BYTES
+
+
+async def test_a_client_that_reads_its_answer_in_time_gets_all_of_it(send_port: int) -> None:
+    """The deadline is for the whole buffered answer, not the request: a client that
+    reads promptly gets every byte however large."""
+    sock = _slow_reader(send_port)
+    got = b""
+    with sock, anyio.fail_after(10):
+        while len(got) < BIG_BYTES + 40:
+            chunk = await _first_read(sock)
+            if not chunk:
+                break
+            got += chunk
+    assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"x" * 1000)
+    assert len(got.partition(b"\r\n\r\n")[2]) == BIG_BYTES
