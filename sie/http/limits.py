@@ -136,13 +136,13 @@ class RequestLimits:
         declared, chunked, conflict = _framing(scope)
         budget = self.budget
         held = 0
-        body_done = timed_out = end_held = large = False
+        body_done = timed_out = end_held = large = gone = False
         deadline: float | None = None
         has_body = bool(declared) or chunked
         slot = object()  # this request's token in the large-body slots
 
         async def limited_receive() -> Message:
-            nonlocal held, body_done, deadline, timed_out, large
+            nonlocal held, body_done, deadline, timed_out, large, gone
             if body_done:
                 return await receive()  # after the body: only http.disconnect is left
             if deadline is None:
@@ -164,6 +164,8 @@ class RequestLimits:
                     raise budget.exhausted()
                 held += n
                 body_done = not message.get("more_body", False)
+            else:
+                gone = message["type"] == "http.disconnect"
             if large and (body_done or message["type"] != "http.request"):
                 large = False
                 self._large_slots().release_on_behalf_of(slot)
@@ -198,7 +200,9 @@ class RequestLimits:
             if held >= TRIM_AFTER_BYTES:
                 await _give_memory_back()
         if end_held:
-            if not timed_out:  # a sender that slow is not waited for again
+            # a sender that slow is not waited for again, nor one that has left (no
+            # more messages come: the drain would wait its whole bound)
+            if not timed_out and not gone:
                 await self._drain(receive, declared, received=held)
             await _end_response(receive, send)
 

@@ -5,6 +5,7 @@ header and body deadlines, and the work-stream pending bound (docs/security.md).
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -238,6 +239,29 @@ def test_a_half_sent_body_gets_408_at_the_body_deadline(
     sock.close()
     assert _limits_idle(bounded)
     _served(client)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_client_that_leaves_mid_body_is_freed_at_once() -> None:
+    """Headers and a few body bytes, then a close: the request is answered (nobody reads
+    it) and the connection freed at once, not after the drain bound (5 s)."""
+    with run_stack(http_body_timeout_s=30.0) as s:
+        port = s.running.gateway_port
+        base = _open_fds()
+        head = "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+        for _ in range(20):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(head.encode() + b'{"mo')
+        t = time.monotonic()
+        while _open_fds() > base and time.monotonic() - t < 10:
+            time.sleep(0.02)
+        assert _open_fds() <= base
+        assert time.monotonic() - t < 2.5  # each waited 5 s before
+        r = httpx.get(f"http://127.0.0.1:{port}/healthz")
+        assert r.status_code == 200
 
 
 def _limits_idle(stack: Stack) -> bool:
