@@ -16,7 +16,11 @@ and gives the body a deadline (``SIE_HTTP_BODY_TIMEOUT_S``):
   copies and parses every byte that arrives, and a burst of large uploads read all
   at once would keep probes, heartbeats and small requests waiting for seconds.
   Waiting bodies are not read: the server stops reading their sockets and TCP holds
-  the senders back. Small bodies never wait.
+  the senders back. Small bodies never wait. A body keeps its slot only while it
+  arrives at ``LARGE_BODY_MIN_BYTES_PER_WINDOW`` a window or more: a slower sender
+  (which costs the loop little) gives the slot up at the window's end and queues for
+  one again, so four trickling senders cannot hold every large upload back until
+  their deadline.
 
 A request that carries both ``Transfer-Encoding`` and ``Content-Length`` (its body's
 end is ambiguous: the shape of request smuggling behind a proxy that reads the other
@@ -37,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import math
 import time
 from collections.abc import Callable
 
@@ -52,13 +57,25 @@ from sie.core.errors import (
     SieError,
 )
 
-__all__ = ["DRAIN_BYTES", "LARGE_BODY_BYTES", "BodyBudget", "RequestLimits"]
+__all__ = [
+    "DRAIN_BYTES",
+    "LARGE_BODY_BYTES",
+    "LARGE_BODY_MIN_BYTES_PER_WINDOW",
+    "LARGE_BODY_WINDOW_S",
+    "BodyBudget",
+    "RequestLimits",
+]
 
 #: Most bytes of an unread body read and dropped after an early answer (beyond it the
 #: connection is closed).
 DRAIN_BYTES = 4 * 1024 * 1024
 #: A body past this many bytes reads the rest under a large-body slot.
 LARGE_BODY_BYTES = 1024 * 1024
+#: A large body keeps its slot only while at least ``LARGE_BODY_MIN_BYTES_PER_WINDOW``
+#: bytes arrive in each ``LARGE_BODY_WINDOW_S`` (64 KiB/s); a slower sender gives the
+#: slot up at the window's end and queues for one again.
+LARGE_BODY_WINDOW_S = 1.0
+LARGE_BODY_MIN_BYTES_PER_WINDOW = 64 * 1024
 #: After a request whose body held this many bytes, free heap pages go back to the OS.
 TRIM_AFTER_BYTES = 64 * 1024 * 1024
 
@@ -141,23 +158,44 @@ class RequestLimits:
         has_body = bool(declared) or chunked
         slot = object()  # this request's token in the large-body slots
 
+        window_end = 0.0  # while ``large``: the end of the slot's current window
+        window_start_bytes = 0  # ``held`` when that window began
+
         async def limited_receive() -> Message:
             nonlocal held, body_done, deadline, timed_out, large, gone
+            nonlocal window_end, window_start_bytes
             if body_done:
                 return await receive()  # after the body: only http.disconnect is left
             if deadline is None:
                 deadline = time.monotonic() + self.body_timeout_s
-            with anyio.move_on_after(max(deadline - time.monotonic(), 0.0)) as scope_:
-                if not large and held >= LARGE_BODY_BYTES:
-                    await self._large_slots().acquire_on_behalf_of(slot)
-                    large = True
-                message = await receive()
-            if scope_.cancelled_caught:
-                timed_out = True
-                raise RequestTimeout(
-                    f"the request body did not arrive within {self.body_timeout_s:g}s",
-                    field="body",
-                )
+            while True:
+                now = time.monotonic()
+                if large and now >= window_end:
+                    if held - window_start_bytes < LARGE_BODY_MIN_BYTES_PER_WINDOW:
+                        # a slow sender costs the loop little: it gives its slot to the
+                        # next large body and waits for one again (FIFO) before reading on
+                        large = False
+                        self._large_slots().release_on_behalf_of(slot)
+                    else:
+                        window_end, window_start_bytes = now + LARGE_BODY_WINDOW_S, held
+                with anyio.move_on_after(max(deadline - now, 0.0)) as scope_:
+                    if not large and held >= LARGE_BODY_BYTES:
+                        await self._large_slots().acquire_on_behalf_of(slot)
+                        large = True
+                        window_end = time.monotonic() + LARGE_BODY_WINDOW_S
+                        window_start_bytes = held
+                    with anyio.move_on_after(
+                        max(window_end - time.monotonic(), 0.0) if large else math.inf
+                    ) as window:
+                        message = await receive()
+                if scope_.cancelled_caught:
+                    timed_out = True
+                    raise RequestTimeout(
+                        f"the request body did not arrive within {self.body_timeout_s:g}s",
+                        field="body",
+                    )
+                if not window.cancelled_caught:
+                    break  # else the window ended first: look at the sender's rate
             if message["type"] == "http.request":
                 n = len(message.get("body", b""))
                 if not budget.try_take(n):

@@ -264,6 +264,38 @@ def test_a_client_that_leaves_mid_body_is_freed_at_once() -> None:
         assert r.status_code == 200
 
 
+def test_trickling_large_bodies_do_not_hold_back_other_large_uploads() -> None:
+    """Two senders (as many as the large-body slots) pass 1 MiB of a 3 MiB body and then
+    trickle a byte every 0.3 s: a 2 MiB upload behind them is read within seconds, not
+    at their 30 s body deadline (each gives its slot up after a slow window)."""
+    with run_stack(http_body_timeout_s=30.0, max_large_body_reads=2) as s:
+        port = s.running.gateway_port
+        head = "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n"
+        stop = threading.Event()
+
+        def trickle() -> None:
+            with socket.create_connection(("127.0.0.1", port), timeout=40) as sock:
+                sock.sendall(head.format(3 << 20).encode() + b"[" + b" " * (1100 * 1024))
+                while not stop.wait(0.3):
+                    sock.sendall(b" ")
+
+        senders = [threading.Thread(target=trickle) for _ in range(2)]
+        for t in senders:
+            t.start()
+        try:
+            time.sleep(1.0)  # both past 1 MiB: each holds a slot
+            body = json.dumps({"model": "nope/none", "input": ["x" * 1000] * 2100}).encode()
+            t0 = time.monotonic()
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", content=body, timeout=40)
+            took = time.monotonic() - t0
+        finally:
+            stop.set()
+            for t in senders:
+                t.join()
+        assert r.status_code == 404, r.text  # read whole, then the unknown model
+        assert took < 6.0, took  # about 30 s before
+
+
 def _limits_idle(stack: Stack) -> bool:
     budget = stack.running.apps["gateway"].state.body_budget
     deadline = time.monotonic() + 5
