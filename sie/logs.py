@@ -5,17 +5,25 @@ through ``python-json-logger``. Libraries that log every request (httpx) are kep
 WARNING. asyncio's "socket.send() raised exception." (one line per write to a
 connection its client has left) is written at most once a minute, with the count of
 the lines dropped since (``Throttle``): a client that pipelines requests and leaves
-would otherwise write a line per answer (docs/security.md "Requests")."""
+would otherwise write a line per answer (docs/security.md "Requests"). Python 3.11's
+traceback per connection a shutdown cancels is dropped
+(``DropCancelledConnectionCallbacks``)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
 
 from pythonjsonlogger.json import JsonFormatter
 
-__all__ = ["CONNECTION_LOST_WRITE", "Throttle", "configure_logging"]
+__all__ = [
+    "CONNECTION_LOST_WRITE",
+    "DropCancelledConnectionCallbacks",
+    "Throttle",
+    "configure_logging",
+]
 
 #: What asyncio logs (WARNING) for each write to a connection already lost.
 CONNECTION_LOST_WRITE = "socket.send() raised exception."
@@ -47,6 +55,22 @@ class Throttle(logging.Filter):
         return True
 
 
+class DropCancelledConnectionCallbacks(logging.Filter):
+    """Drops asyncio's ERROR "Exception in callback StreamReaderProtocol.connection_made
+    .<locals>.callback" when the exception is a ``CancelledError``: Python 3.11's stream
+    server asks a connection task cancelled by a shutdown for its exception, which
+    raises, and asyncio logs a traceback per open connection (fixed in 3.12). Other
+    lines pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[0] if record.exc_info else None
+        return not (
+            exc is not None
+            and issubclass(exc, asyncio.CancelledError)
+            and "StreamReaderProtocol.connection_made" in record.getMessage()
+        )
+
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -66,7 +90,10 @@ def configure_logging(level: str, json_lines: bool = False) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     lost = logging.getLogger("asyncio")
-    lost.filters[:] = [f for f in lost.filters if not isinstance(f, Throttle)]
+    lost.filters[:] = [
+        f for f in lost.filters if not isinstance(f, (Throttle, DropCancelledConnectionCallbacks))
+    ]
     lost.addFilter(Throttle(CONNECTION_LOST_WRITE))
+    lost.addFilter(DropCancelledConnectionCallbacks())
     # httpx logs every request at INFO: the config poller would write a line per poll
     logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))

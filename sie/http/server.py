@@ -276,7 +276,10 @@ def _bounded_drain(writer: asyncio.StreamWriter, timeout_s: float) -> None:
     4,096-text ``/v1/embeddings`` answers held 2.2 GB for minutes). A drain that has not
     finished in time now aborts the transport, which drops the buffer; hypercorn sees a
     lost connection. A drain with nothing to wait for (the buffer under the transport's
-    high-water mark) costs no timer.
+    high-water mark) costs no timer. Closing the connection (which waits for the buffer
+    to be taken) is bounded the same way, and a drain or close cancelled by a shutdown
+    aborts at once: a shutdown waited its whole drain time for such clients, then
+    failed inside hypercorn.
     """
     drain = writer.drain
     transport = writer.transport
@@ -296,8 +299,24 @@ def _bounded_drain(writer: asyncio.StreamWriter, timeout_s: float) -> None:
             )
             transport.abort()
             raise ConnectionResetError("the client did not read its answer") from None
+        except asyncio.CancelledError:
+            transport.abort()  # the connection is being torn down (shutdown): nobody waits
+            raise
 
+    async def bounded_wait_closed() -> None:
+        # closing waits until the client has taken what is buffered: bounded the same way
+        allowed = timeout_s + transport.get_write_buffer_size() / MIN_SEND_BYTES_PER_S
+        try:
+            await asyncio.wait_for(wait_closed(), allowed)
+        except TimeoutError:
+            transport.abort()
+        except asyncio.CancelledError:
+            transport.abort()
+            raise
+
+    wait_closed = writer.wait_closed
     writer.drain = bounded_drain  # type: ignore[method-assign]
+    writer.wait_closed = bounded_wait_closed  # type: ignore[method-assign]
 
 
 def _time_sends() -> None:

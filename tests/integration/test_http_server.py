@@ -310,3 +310,23 @@ async def test_a_client_that_reads_its_answer_in_time_gets_all_of_it(send_port: 
             got += chunk
     assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"x" * 1000)
     assert len(got.partition(b"\r\n\r\n")[2]) == BIG_BYTES
+
+
+async def test_a_shutdown_does_not_wait_on_a_client_that_does_not_read() -> None:
+    """A client that never reads its 16 MiB answer does not hold the shutdown past its
+    drain time, and the server stops cleanly (hypercorn waited for the close that
+    waits for the buffer to be taken, then failed when cancelled)."""
+    shutdown = anyio.Event()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            serve = functools.partial(
+                serve_app, header_timeout_s=30.0, send_timeout_s=60.0, graceful_timeout_s=1.0
+            )
+            port = await tg.start(serve, app, "127.0.0.1", 0, shutdown)
+            sock = _slow_reader(port)
+            await anyio.sleep(0.5)  # the answer is written, mostly still buffered
+            assert _connections() == 1
+            started = anyio.current_time()
+            shutdown.set()
+        assert anyio.current_time() - started < 4.0  # the drain time (1 s), not 60 s
+    sock.close()

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
 
-from sie.logs import CONNECTION_LOST_WRITE, Throttle, configure_logging
+from sie.logs import (
+    CONNECTION_LOST_WRITE,
+    DropCancelledConnectionCallbacks,
+    Throttle,
+    configure_logging,
+)
 
 
 def _record(msg: str) -> logging.LogRecord:
@@ -39,3 +45,60 @@ def test_configure_logging_installs_one_throttle_on_asyncio() -> None:
     finally:
         asyncio_log.filters[:] = saved[0]
         logging.getLogger().handlers[:] = saved[1]
+
+
+def test_the_cancelled_connection_callback_traceback_is_dropped() -> None:
+    """Python 3.11 logs a traceback per stream-server connection whose task a shutdown
+    cancels; the filter drops exactly those (other errors, and other callbacks, pass)."""
+    drop = DropCancelledConnectionCallbacks()
+
+    def record(msg: str, exc: BaseException | None) -> logging.LogRecord:
+        info = (type(exc), exc, None) if exc is not None else None
+        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, msg, (), info)
+
+    callback = (
+        "Exception in callback StreamReaderProtocol.connection_made.<locals>.callback(<Task>)"
+    )
+    assert not drop.filter(record(callback, asyncio.CancelledError()))
+    assert drop.filter(record(callback, RuntimeError("real")))
+    assert drop.filter(record("Exception in callback other()", asyncio.CancelledError()))
+    assert drop.filter(record("unrelated", None))
+
+
+def test_a_stream_server_whose_connection_task_is_cancelled_logs_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The real thing: a connection handler cancelled mid-connection (what a shutdown's
+    deadline does) leaves no ERROR on the asyncio logger once logging is configured."""
+    asyncio_log = logging.getLogger("asyncio")
+    saved = list(asyncio_log.filters), list(logging.getLogger().handlers)
+    handlers: list[asyncio.Task[None]] = []
+    connected: list[asyncio.Event] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.append(task)
+        connected[0].set()
+        await asyncio.sleep(30)
+
+    async def main() -> None:
+        connected.append(asyncio.Event())
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        await asyncio.wait_for(connected[0].wait(), 5)
+        handlers[0].cancel()
+        await asyncio.sleep(0.1)
+        writer.close()
+        server.close()
+
+    try:
+        configure_logging("INFO")
+        asyncio_log.addHandler(caplog.handler)
+        asyncio.run(main())
+    finally:
+        asyncio_log.removeHandler(caplog.handler)
+        asyncio_log.filters[:] = saved[0]
+        logging.getLogger().handlers[:] = saved[1]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
