@@ -72,10 +72,11 @@ DRAIN_BYTES = 4 * 1024 * 1024
 #: A body past this many bytes reads the rest under a large-body slot.
 LARGE_BODY_BYTES = 1024 * 1024
 #: A large body keeps its slot only while at least ``LARGE_BODY_MIN_BYTES_PER_WINDOW``
-#: bytes arrive in each ``LARGE_BODY_WINDOW_S`` (64 KiB/s); a slower sender gives the
-#: slot up at the window's end and queues for one again.
+#: bytes arrive in each ``LARGE_BODY_WINDOW_S`` (1 MiB/s: holding all four slots costs
+#: a sender 32 Mbit/s); a slower sender gives the slot up at the window's end and
+#: queues for one again (it is still read, between faster bodies).
 LARGE_BODY_WINDOW_S = 1.0
-LARGE_BODY_MIN_BYTES_PER_WINDOW = 64 * 1024
+LARGE_BODY_MIN_BYTES_PER_WINDOW = 1024 * 1024
 #: After a request whose body held this many bytes, free heap pages go back to the OS.
 TRIM_AFTER_BYTES = 64 * 1024 * 1024
 

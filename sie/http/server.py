@@ -234,7 +234,12 @@ def _time_idle_http2() -> None:
     and nothing more kept its connection forever (found by the hostile trial: 60 such
     connections still open after 150 s). The timer now restarts as soon as the switch
     leaves no stream open, so such a connection closes after ``SIE_HTTP_HEADER_TIMEOUT_S``
-    like an HTTP/1.1 one (docs/security.md "Limits")."""
+    like an HTTP/1.1 one (docs/security.md "Limits").
+
+    When an HTTP/2 connection closes, the send buffers of its streams are closed too:
+    hypercorn left them open with nobody sending them, so a request whose client left
+    before its answer was out (a body never finished, then a close) waited forever
+    (the hostile trial: 110 such requests pending until shutdown)."""
     cls = protocol_wrapper.ProtocolWrapper
     if getattr(cls, "sie_times_idle_http2", False):
         return
@@ -243,8 +248,17 @@ def _time_idle_http2() -> None:
     async def timing_handle(self: Any, event: Any) -> None:
         was_h2 = isinstance(self.protocol, h2_protocol.H2Protocol)
         await handle(self, event)
-        if not was_h2 and isinstance(self.protocol, h2_protocol.H2Protocol) and self.protocol.idle:
+        if not isinstance(self.protocol, h2_protocol.H2Protocol):
+            return
+        if not was_h2 and self.protocol.idle:
             await self.send(Updated(idle=True))
+        if isinstance(event, Closed):
+            # hypercorn closes the streams but not their send buffers, and its sender
+            # has stopped: an answer still being written (or its end waiting for the
+            # buffer to empty) would wait forever, holding the request, its body and
+            # often the connection until shutdown. Closed buffers refuse further writes.
+            for buffer in list(self.protocol.stream_buffers.values()):
+                await buffer.close()
 
     cls.handle = timing_handle  # type: ignore[method-assign]
     cls.sie_times_idle_http2 = True  # type: ignore[attr-defined]

@@ -330,3 +330,25 @@ async def test_a_shutdown_does_not_wait_on_a_client_that_does_not_read() -> None
             shutdown.set()
         assert anyio.current_time() - started < 4.0  # the drain time (1 s), not 60 s
     sock.close()
+
+
+async def test_an_http2_request_whose_client_leaves_mid_body_is_freed(port: int) -> None:
+    """HTTP/2: a request's headers and part of its body, then a close. The app sees the
+    client leave and answers anyway (``/slow`` writes 100 KB); the answer has nowhere
+    to go, and must not hold the request and the connection for good."""
+    import h2.config
+    import h2.connection
+
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    conn.send_headers(
+        1, [(":method", "POST"), (":path", "/slow"), (":scheme", "http"), (":authority", "t")]
+    )
+    conn.send_data(1, b'{"a": ')  # no END_STREAM: the body never ends
+    before = app.slow  # type: ignore[attr-defined]
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(conn.data_to_send())
+    await anyio.sleep(0.3)
+    sock.close()
+    assert await _until_no_connections(3.0) == 0  # hypercorn held it until shutdown
+    assert app.slow == before + 1  # type: ignore[attr-defined]  # the app did run
