@@ -295,40 +295,44 @@ def _bounded_drain(writer: asyncio.StreamWriter, timeout_s: float) -> None:
     aborts at once: a shutdown waited its whole drain time for such clients, then
     failed inside hypercorn.
     """
-    drain = writer.drain
+    drain, wait_closed = writer.drain, writer.wait_closed
     transport = writer.transport
 
-    async def bounded_drain() -> None:
-        buffered = transport.get_write_buffer_size()
-        if transport.is_closing() or buffered <= transport.get_write_buffer_limits()[1]:
-            return await drain()  # nothing to wait for: returns at once
-        allowed = timeout_s + buffered / MIN_SEND_BYTES_PER_S
-        try:
-            await asyncio.wait_for(drain(), allowed)
-        except TimeoutError:
-            log.info(
-                "aborted a connection whose client left %d bytes of its answer unread for %.0fs",
-                transport.get_write_buffer_size(),
-                allowed,
-            )
-            transport.abort()
-            raise ConnectionResetError("the client did not read its answer") from None
-        except asyncio.CancelledError:
-            transport.abort()  # the connection is being torn down (shutdown): nobody waits
-            raise
-
-    async def bounded_wait_closed() -> None:
-        # closing waits until the client has taken what is buffered: bounded the same way
+    async def taken(wait: Any, *, log_unread: bool) -> bool:
+        """``await wait()`` within the time the buffer allows; on running out (False) or
+        on being cancelled (a shutdown tearing the connection down), abort the
+        connection."""
         allowed = timeout_s + transport.get_write_buffer_size() / MIN_SEND_BYTES_PER_S
         try:
-            await asyncio.wait_for(wait_closed(), allowed)
+            await asyncio.wait_for(wait(), allowed)
         except TimeoutError:
+            if log_unread:
+                log.info(
+                    "aborted a connection whose client left %d bytes of its answer unread "
+                    "for %.0fs",
+                    transport.get_write_buffer_size(),
+                    allowed,
+                )
             transport.abort()
+            return False
         except asyncio.CancelledError:
-            transport.abort()
+            transport.abort()  # nobody waits for this connection any more
             raise
+        return True
 
-    wait_closed = writer.wait_closed
+    async def bounded_drain() -> None:
+        if (
+            transport.is_closing()
+            or transport.get_write_buffer_size() <= transport.get_write_buffer_limits()[1]
+        ):
+            return await drain()  # nothing to wait for: returns at once
+        if not await taken(drain, log_unread=True):
+            raise ConnectionResetError("the client did not read its answer")
+
+    async def bounded_wait_closed() -> None:
+        # closing waits until the client has taken the buffer: bounded the same way
+        await taken(wait_closed, log_unread=False)
+
     writer.drain = bounded_drain  # type: ignore[method-assign]
     writer.wait_closed = bounded_wait_closed  # type: ignore[method-assign]
 
