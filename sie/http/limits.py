@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import math
 import time
 from collections.abc import Callable
 
@@ -185,9 +184,12 @@ class RequestLimits:
                         large = True
                         window_end = time.monotonic() + LARGE_BODY_WINDOW_S
                         window_start_bytes = held
-                    with anyio.move_on_after(
-                        max(window_end - time.monotonic(), 0.0) if large else math.inf
-                    ) as window:
+                    window_ended = False
+                    if large:
+                        with anyio.move_on_after(max(window_end - time.monotonic(), 0.0)) as w:
+                            message = await receive()
+                        window_ended = w.cancelled_caught
+                    else:  # the common case: no second cancel scope per message
                         message = await receive()
                 if scope_.cancelled_caught:
                     timed_out = True
@@ -195,7 +197,7 @@ class RequestLimits:
                         f"the request body did not arrive within {self.body_timeout_s:g}s",
                         field="body",
                     )
-                if not window.cancelled_caught:
+                if not window_ended:
                     break  # else the window ended first: look at the sender's rate
             if message["type"] == "http.request":
                 n = len(message.get("body", b""))
